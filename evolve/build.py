@@ -1,0 +1,413 @@
+"""Genome -> torch module, and the repair-or-reject check the master runs on every child before sending it.
+
+The built model carries its own input (and, for regression, target) normalisation as buffers, so a saved
+``state_dict`` predicts in original units with no extra files.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from .errors import InvalidGenome
+from .genome import DENSE_PART_TYPES, SPATIAL_TYPES, Gene, Genome
+from .problem import Problem
+from .space import SearchSpace, spatial_shape_after
+
+__all__ = ["GenomeNet", "build_model", "check_genome", "count_params", "set_normalization"]
+
+_ACTIVATIONS = {
+    "relu": nn.ReLU,
+    "gelu": nn.GELU,
+    "silu": nn.SiLU,
+    "tanh": nn.Tanh,
+    "elu": nn.ELU,
+    "leaky_relu": nn.LeakyReLU,
+}
+_CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
+_BATCHNORM = {0: nn.BatchNorm1d, 1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}
+_POOL = {("max", 1): nn.MaxPool1d, ("max", 2): nn.MaxPool2d, ("max", 3): nn.MaxPool3d,
+         ("avg", 1): nn.AvgPool1d, ("avg", 2): nn.AvgPool2d, ("avg", 3): nn.AvgPool3d}
+# check_genome is called for every child the master makes; most genomes are checked once, a few (repairs that
+# land on the same genome) more often.
+_CHECK_CACHE_SIZE = 4096
+
+
+def _activation(name: str) -> nn.Module:
+    return _ACTIVATIONS[name]()
+
+
+def _group_count(channels: int) -> int:
+    """GroupNorm groups: up to 8, each with at least 2 channels where possible (1 channel per group would
+    normalise a pooled feature to zero)."""
+    for g in (8, 4, 2):
+        if channels % g == 0 and channels // g >= 2:
+            return g
+    return 1
+
+
+def _norm(kind: str, channels: int, spatial_dims: int) -> nn.Module:
+    if kind == "batch":
+        return _BATCHNORM[spatial_dims](channels)
+    return nn.GroupNorm(_group_count(channels), channels)
+
+
+class ResidualBlock(nn.Module):
+    """conv-BN-act-conv-BN plus a skip (1x1 conv + BN when the channel count changes), activation after the sum."""
+
+    def __init__(self, in_channels: int, channels: int, kernel: int, act: str, spatial_dims: int) -> None:
+        super().__init__()
+        conv = _CONV[spatial_dims]
+        bn = _BATCHNORM[spatial_dims]
+        self.conv1 = conv(in_channels, channels, kernel, padding="same", bias=False)
+        self.bn1 = bn(channels)
+        self.act1 = _activation(act)
+        self.conv2 = conv(channels, channels, kernel, padding="same", bias=False)
+        self.bn2 = bn(channels)
+        if in_channels == channels:
+            self.skip: nn.Module = nn.Identity()
+        else:
+            self.skip = nn.Sequential(conv(in_channels, channels, 1, bias=False), bn(channels))
+        self.act = _activation(act)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.bn2(self.conv2(self.act1(self.bn1(self.conv1(x)))))
+        return self.act(y + self.skip(x))
+
+
+class GlobalPool(nn.Module):
+    """Global average or max over all spatial axes: (N, C, *spatial) -> (N, C)."""
+
+    def __init__(self, op: str) -> None:
+        super().__init__()
+        self.op = op
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x.flatten(2)
+        return x.mean(dim=2) if self.op == "avg" else x.amax(dim=2)
+
+    def extra_repr(self) -> str:
+        return self.op
+
+
+class GenomeNet(nn.Module):
+    """The network a genome describes: normalise input -> spatial part -> head -> dense part -> output layer.
+
+    Buffers ``x_mean``/``x_std`` (per channel, or per feature for tabular data) and, for regression,
+    ``y_mean``/``y_std`` (per target) are part of the state_dict; fill them with :func:`set_normalization`.
+    """
+
+    def __init__(self, genome: Genome, problem: Problem) -> None:
+        super().__init__()
+        self.genome = genome
+        self.problem = problem
+        nd = problem.spatial_dims
+        channels, shape = problem.channels, tuple(problem.spatial_shape)
+        split = genome.dense_start if nd > 0 else 0
+        spatial_genes, dense_genes = genome.layers[:split], genome.layers[split:]
+
+        features: list[nn.Module] = []
+        for i, gene in enumerate(spatial_genes):
+            features.append(self._spatial_layer(i, gene, channels, shape, nd))
+            if gene.type in ("conv", "residual"):
+                channels = gene["channels"]
+            shape = spatial_shape_after(gene, shape)
+        self.features = nn.Sequential(*features)
+
+        if nd == 0:
+            self.head: nn.Module = nn.Identity()
+            width = channels
+        elif genome.head == "flatten":
+            self.head = nn.Flatten(1)
+            width = channels * math.prod(shape)
+        else:
+            self.head = GlobalPool(genome.head)
+            width = channels
+
+        dense: list[nn.Module] = []
+        for i, gene in enumerate(dense_genes, start=split):
+            if gene.type not in DENSE_PART_TYPES:
+                raise InvalidGenome(
+                    f"layer {i} ({gene.describe()}) needs spatial axes but comes after the head "
+                    f"(tabular input or after a dense layer)"
+                )
+            if gene.type == "dense":
+                dense += [nn.Linear(width, gene["units"]), _activation(gene["act"])]
+                width = gene["units"]
+            elif gene.type == "norm":
+                dense.append(_norm(gene["kind"], width, 0))
+            else:
+                dense.append(nn.Dropout(gene["rate"]))
+        dense.append(nn.Linear(width, problem.num_outputs))
+        self.dense = nn.Sequential(*dense)
+
+        self._stat_shape = (1, problem.channels) + (1,) * nd
+        self.register_buffer("x_mean", torch.zeros(problem.channels))
+        self.register_buffer("x_std", torch.ones(problem.channels))
+        self.regression = problem.task == "regression"
+        if self.regression:
+            self.register_buffer("y_mean", torch.zeros(problem.num_outputs))
+            self.register_buffer("y_std", torch.ones(problem.num_outputs))
+
+    @staticmethod
+    def _spatial_layer(i: int, gene: Gene, channels: int, shape: tuple[int, ...], nd: int) -> nn.Module:
+        if gene.type == "conv":
+            k = gene["kernel"]
+            return nn.Sequential(
+                _CONV[nd](channels, gene["channels"], k, stride=gene["stride"], padding=k // 2),
+                _activation(gene["act"]),
+            )
+        if gene.type == "residual":
+            return ResidualBlock(channels, gene["channels"], gene["kernel"], gene["act"], nd)
+        if gene.type == "pool":
+            size = gene["size"]
+            if min(shape) < size:
+                raise InvalidGenome(
+                    f"layer {i} ({gene.describe()}) would shrink spatial size {list(shape)} below 1"
+                )
+            return _POOL[(gene["op"], nd)](size)
+        if gene.type == "norm":
+            return _norm(gene["kind"], channels, nd)
+        if gene.type == "dropout":
+            return nn.Dropout(gene["rate"])
+        raise InvalidGenome(f"layer {i} ({gene.describe()}) cannot come before the head")  # pragma: no cover
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != len(self._stat_shape) or x.shape[1] != self._stat_shape[1]:
+            raise ValueError(
+                f"expected input of shape (N, {', '.join(map(str, self.problem.sample_shape))}), got {tuple(x.shape)}"
+            )
+        x = x.to(self.x_mean.dtype)  # uint8 / float16 data arrive as stored
+        x = (x - self.x_mean.view(self._stat_shape)) / self.x_std.view(self._stat_shape)
+        out = self.dense(self.head(self.features(x)))
+        if self.regression:
+            out = out * self.y_std + self.y_mean
+        return out
+
+
+def build_model(genome: Genome, problem: Problem, device: torch.device | str | None = None) -> GenomeNet:
+    """The torch module for a genome; classification gives logits (N, classes), regression (N, T) in target units.
+
+    Raises :class:`InvalidGenome` when the genome does not fit the problem (e.g. conv genes for tabular data).
+    """
+    if device is None:
+        return GenomeNet(genome, problem)
+    with torch.device(device):
+        return GenomeNet(genome, problem)
+
+
+def _as_vector(name: str, value: Any, n: int, like: torch.Tensor) -> torch.Tensor:
+    t = torch.as_tensor(value, dtype=like.dtype).reshape(-1)
+    if t.numel() == 1 and n != 1:
+        t = t.expand(n)
+    if t.numel() != n:
+        raise ValueError(f"{name}: expected {n} values, got shape {tuple(torch.as_tensor(value).shape)}")
+    if not torch.isfinite(t).all():
+        raise ValueError(f"{name}: contains non-finite values")
+    return t.to(like.device)
+
+
+def set_normalization(
+    model: GenomeNet,
+    x_mean: Any,
+    x_std: Any,
+    y_mean: Any | None = None,
+    y_std: Any | None = None,
+) -> None:
+    """Store training-set statistics in the model: inputs per channel/feature, regression targets per target.
+
+    Zero (or tiny) standard deviations become 1 so that constant channels do not blow up.
+    """
+    c = model.x_mean.numel()
+    std = _as_vector("x_std", x_std, c, model.x_std)
+    with torch.no_grad():
+        model.x_mean.copy_(_as_vector("x_mean", x_mean, c, model.x_mean))
+        model.x_std.copy_(torch.where(std.abs() < 1e-12, torch.ones_like(std), std))
+    if y_mean is None and y_std is None:
+        return
+    if not getattr(model, "regression", False):
+        raise ValueError("y_mean/y_std are only meaningful for regression models")
+    t = model.y_mean.numel()
+    with torch.no_grad():
+        if y_mean is not None:
+            model.y_mean.copy_(_as_vector("y_mean", y_mean, t, model.y_mean))
+        if y_std is not None:
+            ys = _as_vector("y_std", y_std, t, model.y_std)
+            model.y_std.copy_(torch.where(ys.abs() < 1e-12, torch.ones_like(ys), ys))
+
+
+def count_params(genome: Genome, problem: Problem) -> int:
+    """Trainable parameter count, from a model built on the meta device (no memory, no init cost)."""
+    model = build_model(genome, problem, device="meta")
+    return sum(p.numel() for p in model.parameters())
+
+
+def _head_features(channels: int, shape: Sequence[int], head: str) -> int:
+    return channels * math.prod(shape) if head == "flatten" else channels
+
+
+def _repair(genome: Genome, problem: Problem, space: SearchSpace) -> Genome:
+    """Structural repair: spatial genes only where they can act, pools that fit, layer count within bounds."""
+    nd = problem.spatial_dims
+    layers = list(genome.layers)
+    head = genome.head
+    if nd == 0:
+        layers = [g for g in layers if g.type not in SPATIAL_TYPES]
+        head = space.heads[0]  # no head on tabular data: one canonical value, so no duplicate genomes
+    else:
+        split = genome.dense_start
+        spatial = []
+        shape = tuple(problem.spatial_shape)
+        for gene in layers[:split]:
+            if gene.type == "pool" and min(shape) < gene["size"]:
+                fitting = [s for s in space.pool_sizes if 2 <= s <= min(shape)]
+                if not fitting:
+                    continue  # drop: any pool here would shrink a spatial dim below 1
+                gene = gene.replace(size=max(fitting))
+            elif gene.type == "conv" and gene["stride"] > 1 and max(shape) <= 1:
+                gene = gene.replace(stride=1)  # a stride on a 1-sized input does nothing
+            spatial.append(gene)
+            shape = spatial_shape_after(gene, shape)
+        layers = spatial + [g for g in layers[split:] if g.type not in SPATIAL_TYPES]
+
+    # Too many layers: drop regularisers first (latest first), then the last gene of the longer section.
+    while len(layers) > space.max_layers:
+        light = [i for i, g in enumerate(layers) if g.type in ("norm", "dropout")]
+        if light:
+            del layers[light[-1]]
+            continue
+        split = next((i for i, g in enumerate(layers) if g.type == "dense"), len(layers))
+        del layers[split - 1 if split > len(layers) - split else len(layers) - 1]
+    if len(layers) < space.min_layers:
+        if "dense" not in space.layer_types:
+            raise InvalidGenome(
+                f"genome {genome.key} has {len(layers)} usable layers, fewer than space.min_layers={space.min_layers}"
+            )
+        filler = Gene("dense", units=space.units[len(space.units) // 2], act=space.activations[0])
+        layers += [filler] * (space.min_layers - len(layers))
+
+    if nd > 0 and head == "flatten":
+        channels, shape = problem.channels, tuple(problem.spatial_shape)
+        split = next((i for i, g in enumerate(layers) if g.type == "dense"), len(layers))
+        for gene in layers[:split]:
+            if gene.type in ("conv", "residual"):
+                channels = gene["channels"]
+            shape = spatial_shape_after(gene, shape)
+        if _head_features(channels, shape, head) > space.max_flatten_features:
+            head = _pooling_head(space) or head
+    return genome.replace(layers=tuple(layers), head=head)
+
+
+def _pooling_head(space: SearchSpace) -> str | None:
+    return next((h for h in ("avg", "max") if h in space.heads), None)
+
+
+def _same_shape(input: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+    return input
+
+
+def _batch_norm_shape(input: torch.Tensor, running_mean: Any, running_var: Any, weight: Any = None,
+                      bias: Any = None, *args: Any, **kwargs: Any) -> torch.Tensor:
+    n = input.shape[1] if input.dim() > 1 else -1
+    for t in (running_mean, running_var, weight, bias):
+        if t is not None and tuple(t.shape) != (n,):
+            raise RuntimeError(f"batch norm over {tuple(t.shape)} features got input of shape {tuple(input.shape)}")
+    return input
+
+
+def _group_norm_shape(input: torch.Tensor, num_groups: int, weight: Any = None, bias: Any = None,
+                      *args: Any, **kwargs: Any) -> torch.Tensor:
+    c = input.shape[1] if input.dim() > 1 else -1
+    if c % num_groups or any(t is not None and tuple(t.shape) != (c,) for t in (weight, bias)):
+        raise RuntimeError(f"group norm with {num_groups} groups got input of shape {tuple(input.shape)}")
+    return input
+
+
+def _linear_shape(input: torch.Tensor, weight: torch.Tensor, bias: Any = None) -> torch.Tensor:
+    if input.shape[-1] != weight.shape[1]:
+        raise RuntimeError(f"linear layer {tuple(weight.shape[::-1])} got input of shape {tuple(input.shape)}")
+    return torch.empty((*input.shape[:-1], weight.shape[0]), dtype=input.dtype, device=input.device)
+
+
+def _binary_shape(a: Any, b: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
+    shape = torch.broadcast_shapes(tuple(a.shape), tuple(getattr(b, "shape", ())))
+    return torch.empty(shape, dtype=a.dtype, device=a.device)
+
+
+_SHAPE_RULES = {
+    **{f: _same_shape for f in (F.relu, F.gelu, F.silu, F.elu, F.leaky_relu, torch.tanh, F.dropout)},
+    F.batch_norm: _batch_norm_shape,
+    F.group_norm: _group_norm_shape,
+    F.linear: _linear_shape,
+    **{f: _binary_shape for f in (torch.Tensor.add, torch.Tensor.sub, torch.Tensor.mul, torch.Tensor.div)},
+}
+
+
+class _FastMetaMode(TorchFunctionMode):
+    """Meta-device forward at shape-arithmetic speed.
+
+    Convolutions and pools have fast C++ meta kernels, but activations, norms, linear layers and elementwise
+    arithmetic go through Python decompositions on the meta device (0.1-1 ms each in torch 2.x), which would
+    make the check 5-10x slower. Here those ops only check their shapes and return a tensor of the right shape;
+    every other op runs normally.
+    """
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        rule = _SHAPE_RULES.get(func)
+        if rule is not None:
+            return rule(*args, **(kwargs or {}))
+        return func(*args, **(kwargs or {}))
+
+
+def _meta_check(genome: Genome, problem: Problem) -> int:
+    """Build on the meta device and run a forward pass; return the parameter count."""
+    try:
+        with torch.device("meta"):
+            model = GenomeNet(genome, problem)
+        model.eval()
+        with torch.no_grad(), _FastMetaMode():
+            out = model(torch.empty((2, *problem.sample_shape), device="meta"))
+    except InvalidGenome as e:
+        raise InvalidGenome(f"genome {genome.key} ({genome.describe()}): {e}") from None
+    except (RuntimeError, ValueError, TypeError) as e:
+        raise InvalidGenome(f"genome {genome.key} ({genome.describe()}) does not build: {e}") from None
+    if tuple(out.shape) != (2, problem.num_outputs):
+        raise InvalidGenome(
+            f"genome {genome.key}: output shape {tuple(out.shape)}, expected (2, {problem.num_outputs})"
+        )
+    return sum(p.numel() for p in model.parameters())
+
+
+@functools.lru_cache(maxsize=_CHECK_CACHE_SIZE)
+def _check_cached(genome: Genome, problem: Problem, space: SearchSpace) -> Genome:
+    repaired = _repair(genome, problem, space)
+    params = _meta_check(repaired, problem)
+    if params > space.max_params and repaired.head == "flatten" and problem.spatial_dims > 0:
+        pooled = _pooling_head(space)
+        if pooled is not None:
+            repaired = repaired.replace(head=pooled)
+            params = _meta_check(repaired, problem)
+    if params > space.max_params:
+        raise InvalidGenome(
+            f"genome {repaired.key} ({repaired.describe()}) has {params:,} parameters, "
+            f"more than space.max_params={space.max_params:,}"
+        )
+    return repaired
+
+
+def check_genome(genome: Genome, problem: Problem, space: SearchSpace) -> Genome:
+    """Repair-or-reject a genome before it goes to a worker; returns the (possibly repaired) genome.
+
+    Repairs: spatial genes dropped for tabular data and after a dense gene; pools that would shrink a spatial
+    dim below 1 shrunk or dropped; useless strides removed; layer count clipped to the space; a flatten head
+    whose vector is too large (or too many parameters) swapped for a pooling head. Then the genome is built on
+    the meta device and run forward to prove it works. Raises :class:`InvalidGenome` if it still cannot build
+    or has more than ``space.max_params`` parameters.
+    """
+    return _check_cached(genome, problem, space)

@@ -1,0 +1,274 @@
+"""The asynchronous steady-state search: ask for a candidate, tell its fitness, in any order, no generations.
+
+Regularized evolution (Real et al., 2019, "Regularized Evolution for Image Classifier Architecture Search"):
+the population is the ``population_size`` most recently *told* results; each new child comes from a tournament
+among them; the oldest result leaves as a new one arrives (ageing), so a lucky early evaluation cannot dominate
+forever. This suits thousands of workers finishing at different times: the master asks whenever a worker is free.
+
+Every ask draws from its own generator seeded by (seed, candidate id), so a run is determined by its seed and
+the order of tells, and a resumed run (:meth:`Engine.replay`) proposes what the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import random
+from dataclasses import dataclass, fields
+from typing import Any, Iterable, Mapping
+
+from .build import check_genome
+from .errors import ConfigError, InvalidGenome, SearchExhausted
+from .genome import Genome
+from .operators import crossover, mutate, select
+from .problem import Problem
+from .space import SearchSpace
+
+__all__ = ["Candidate", "Engine", "EvolutionConfig", "ORIGINS", "STRATEGIES"]
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("evolution", "random")
+ORIGINS = ("random", "mutation", "crossover")
+# Bounded retries before giving up on a fresh genome: breeding first, then random sampling.
+_BREED_TRIES = 50
+_RANDOM_TRIES = 200
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+@dataclass(frozen=True)
+class EvolutionConfig:
+    """The ``[evolution]`` table: search strategy and regularized-evolution settings.
+
+    ``mutations = [lo, hi]``: each child gets between lo and hi mutations (uniform); an integer n means exactly n.
+    """
+
+    strategy: str = "evolution"
+    population_size: int = 16
+    tournament_size: int = 4
+    crossover_prob: float = 0.3
+    mutations: tuple[int, int] = (1, 2)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ConfigError(f"evolution.strategy: expected one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
+        if not _is_int(self.population_size) or self.population_size < 1:
+            raise ConfigError(f"evolution.population_size: expected a positive integer, got {self.population_size!r}")
+        if not _is_int(self.tournament_size) or not 1 <= self.tournament_size <= self.population_size:
+            raise ConfigError(
+                f"evolution.tournament_size: expected an integer in [1, population_size={self.population_size}], "
+                f"got {self.tournament_size!r}"
+            )
+        p = self.crossover_prob
+        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
+            raise ConfigError(f"evolution.crossover_prob: expected a probability in [0, 1], got {p!r}")
+        object.__setattr__(self, "crossover_prob", float(p))
+        m = self.mutations
+        if _is_int(m):
+            m = (m, m)
+        if (
+            not isinstance(m, (list, tuple))
+            or len(m) != 2
+            or not all(_is_int(v) for v in m)
+            or not 1 <= m[0] <= m[1]
+        ):
+            raise ConfigError(
+                f"evolution.mutations: expected an integer >= 1 or [low, high] with 1 <= low <= high, "
+                f"got {self.mutations!r}"
+            )
+        object.__setattr__(self, "mutations", (int(m[0]), int(m[1])))
+        if not _is_int(self.seed):
+            raise ConfigError(f"evolution.seed: expected an integer, got {self.seed!r}")
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any] | None) -> "EvolutionConfig":
+        d = dict(d or {})
+        known = [f.name for f in fields(cls)]
+        unknown = sorted(set(d) - set(known))
+        if unknown:
+            raise ConfigError(f"evolution.{unknown[0]}: unknown key (known keys: {', '.join(known)})")
+        return cls(**d)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A genome handed out for evaluation, with where it came from (parent ids; random/mutation/crossover)."""
+
+    id: int
+    genome: Genome
+    parents: tuple[int, ...] = ()
+    origin: str = "random"
+
+
+def _clean_fitness(fitness: float | None) -> float | None:
+    """None for anything that is not a finite number: failures rank below every real result."""
+    if fitness is None or isinstance(fitness, bool):
+        return None
+    try:
+        value = float(fitness)
+    except (TypeError, ValueError):
+        return None
+    return value if math.isfinite(value) else None
+
+
+class Engine:
+    """Ask/tell search over a :class:`SearchSpace` for a :class:`Problem`; higher fitness is better."""
+
+    def __init__(self, space: SearchSpace, problem: Problem, config: EvolutionConfig | None = None) -> None:
+        self.space = space
+        self.problem = problem
+        self.config = config if config is not None else EvolutionConfig()
+        self._next_id = 0
+        self._pending: dict[int, Candidate] = {}
+        self._told: set[int] = set()
+        self._seen: set[str] = set()
+        self._population: collections.deque[tuple[Candidate, float | None]] = collections.deque(
+            maxlen=self.config.population_size
+        )
+        self._best: tuple[int, Genome, float] | None = None
+
+    # --- state ---
+    @property
+    def best(self) -> tuple[int, Genome, float] | None:
+        """(id, genome, fitness) of the best result told so far (first one on ties), None before any success."""
+        return self._best
+
+    @property
+    def num_told(self) -> int:
+        return len(self._told)
+
+    @property
+    def pending(self) -> tuple[int, ...]:
+        """Ids asked but not yet told, oldest first."""
+        return tuple(self._pending)
+
+    @property
+    def next_id(self) -> int:
+        return self._next_id
+
+    @property
+    def population(self) -> list[tuple[Candidate, float | None]]:
+        """The ageing population, oldest first: the last ``population_size`` told results (None = failed)."""
+        return list(self._population)
+
+    def has_seen(self, genome: Genome | str) -> bool:
+        """Whether a genome (or key) was ever asked or told: such a genome is never proposed again."""
+        return (genome if isinstance(genome, str) else genome.key) in self._seen
+
+    def candidate(self, candidate_id: int) -> Candidate:
+        """A pending candidate by id."""
+        return self._pending[candidate_id]
+
+    # --- ask / tell ---
+    def ask(self) -> Candidate:
+        """The next candidate to evaluate: random until ``population_size`` have been asked, then bred."""
+        cid = self._next_id
+        rng = random.Random(f"galapagos:{self.config.seed}:{cid}")
+        random_phase = (
+            self.config.strategy == "random"
+            or self.num_told + len(self._pending) < self.config.population_size
+            or not self._population
+        )
+        bred = None if random_phase else self._breed(rng)
+        genome, parents, origin = bred if bred is not None else (self._random(rng), (), "random")
+        candidate = Candidate(id=cid, genome=genome, parents=parents, origin=origin)
+        self._next_id += 1
+        self._pending[cid] = candidate
+        self._seen.add(genome.key)
+        return candidate
+
+    def tell(self, candidate_id: int, fitness: float | None, status: str = "ok") -> None:
+        """Report a result. ``fitness`` None (failed, timeout, NaN, crash) or non-finite counts as the worst."""
+        candidate = self._pending.pop(candidate_id, None)
+        if candidate is None:
+            what = "already told" if candidate_id in self._told else "never asked"
+            raise KeyError(f"tell: candidate {candidate_id} is not pending ({what})")
+        self._record(candidate, fitness, status)
+
+    def replay(self, records: Iterable[Mapping[str, Any]]) -> int:
+        """Rebuild state from journal records (``id``, ``genome``, ``parents``, ``fitness``, ``status``), in order,
+        as if each had been asked and told; returns how many were applied. Used by ``--resume``: afterwards ids
+        continue after the largest, and no genome seen in the journal is proposed again.
+        """
+        applied = 0
+        for i, rec in enumerate(records):
+            try:
+                cid = rec["id"]
+                raw_genome = rec["genome"]
+            except (KeyError, TypeError):
+                raise ValueError(f"replay: record {i} lacks 'id' or 'genome': {rec!r}") from None
+            if not _is_int(cid) or cid < 0:
+                raise ValueError(f"replay: record {i} has a bad id {cid!r}")
+            if cid in self._told:
+                log.warning("replay: candidate %d appears more than once; keeping the first record", cid)
+                continue
+            try:
+                genome = Genome.from_json(raw_genome)
+            except InvalidGenome as e:
+                raise InvalidGenome(f"replay: record {i} (id {cid}): {e}") from None
+            parents = tuple(int(p) for p in (rec.get("parents") or ()))
+            origin = rec.get("origin") or ("random" if not parents else "mutation" if len(parents) == 1 else "crossover")
+            candidate = self._pending.pop(cid, None) or Candidate(cid, genome, parents, origin)
+            self._seen.add(genome.key)
+            self._next_id = max(self._next_id, cid + 1)
+            self._record(candidate, rec.get("fitness"), rec.get("status", "ok"))
+            applied += 1
+        return applied
+
+    # --- internals ---
+    def _record(self, candidate: Candidate, fitness: float | None, status: str) -> None:
+        value = _clean_fitness(fitness)
+        self._told.add(candidate.id)
+        self._population.append((candidate, value))
+        if value is not None and (self._best is None or value > self._best[2]):
+            self._best = (candidate.id, candidate.genome, value)
+        log.debug("told %d (%s): fitness %s", candidate.id, status, value)
+
+    def _random(self, rng: random.Random) -> Genome:
+        last_error: InvalidGenome | None = None
+        for _ in range(_RANDOM_TRIES):
+            try:
+                genome = check_genome(self.space.random_genome(rng, self.problem), self.problem, self.space)
+            except InvalidGenome as e:
+                last_error = e
+                continue
+            if genome.key not in self._seen:
+                return genome
+        reason = f"; last rejection: {last_error}" if last_error is not None else ""
+        raise SearchExhausted(
+            f"no new valid genome in {_RANDOM_TRIES} random samples after {len(self._seen)} distinct genomes: "
+            f"the search space seems exhausted or too tight (widen [space]){reason}"
+        )
+
+    def _breed(self, rng: random.Random) -> tuple[Genome, tuple[int, ...], str] | None:
+        cfg = self.config
+        population = list(self._population)
+        for _ in range(_BREED_TRIES):
+            if len(population) >= 2 and rng.random() < cfg.crossover_prob:
+                a, b = select(population, 2, cfg.tournament_size, rng)
+                if a.id == b.id:
+                    (b,) = select(population, 1, cfg.tournament_size, rng)
+            else:
+                a = b = select(population, 1, cfg.tournament_size, rng)[0]
+            if a.id != b.id:
+                child, parents, origin = crossover(a.genome, b.genome, rng), (a.id, b.id), "crossover"
+            else:
+                child, parents, origin = a.genome, (a.id,), "mutation"
+            child = mutate(child, self.space, self.problem, rng, n=rng.randint(*cfg.mutations))
+            try:
+                child = check_genome(child, self.problem, self.space)
+            except InvalidGenome as e:
+                log.debug("bred child rejected: %s", e)
+                continue
+            if child.key not in self._seen:
+                return child, parents, origin
+        log.debug("no new child after %d tries; sampling at random", _BREED_TRIES)
+        return None

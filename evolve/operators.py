@@ -1,0 +1,296 @@
+"""How the search moves: mutation, crossover and tournament selection, registered on a DEAP toolbox.
+
+DEAP's operators draw from the global :mod:`random` module. So that a run depends only on its seed, every DEAP
+call here runs with the global generator temporarily set to the state of the ``random.Random`` passed in, and
+that generator advances exactly as if DEAP had used it (not thread-safe: the engine is single-threaded).
+
+Operators return raw offspring; :func:`evolve.build.check_genome` repairs and validates them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import math
+import random
+from typing import Any, Callable, Iterator, Sequence, TypeVar
+
+from deap import base, creator, tools
+
+from .genome import GENE_FIELDS, Gene, Genome
+from .problem import Problem
+from .space import SearchSpace
+
+__all__ = [
+    "MUTATIONS",
+    "Individual",
+    "crossover",
+    "deap_random",
+    "make_toolbox",
+    "mutate",
+    "select",
+]
+
+T = TypeVar("T")
+
+# --- DEAP types, created once per process (creator classes are global) ---
+if not hasattr(creator, "GalapagosFitness"):
+    creator.create("GalapagosFitness", base.Fitness, weights=(1.0,))
+if not hasattr(creator, "GalapagosIndividual"):
+    creator.create("GalapagosIndividual", list, fitness=creator.GalapagosFitness, payload=None)
+
+#: A DEAP individual: a list of genes with a ``fitness`` (maximised) and a ``payload`` (what it stands for).
+Individual = creator.GalapagosIndividual
+
+_WORST = -math.inf
+
+
+@contextlib.contextmanager
+def deap_random(rng: random.Random) -> Iterator[None]:
+    """Run DEAP code (which uses the global ``random``) on ``rng``'s stream, leaving the global state untouched."""
+    saved = random.getstate()
+    random.setstate(rng.getstate())
+    try:
+        yield
+    finally:
+        rng.setstate(random.getstate())
+        random.setstate(saved)
+
+
+def _individual(genes: Sequence[Gene], payload: Any = None, fitness: float | None = None) -> Individual:
+    ind = Individual(genes)
+    ind.payload = payload
+    if fitness is not None:
+        ind.fitness.values = (fitness,)
+    return ind
+
+
+# --- selection ---
+def select(
+    population: Sequence[tuple[T, float | None]], k: int, tournament_size: int, rng: random.Random
+) -> list[T]:
+    """``k`` tournament winners (DEAP ``selTournament``, with replacement) from ``(item, fitness)`` pairs.
+
+    Items may be genomes or anything else (the engine passes candidates, to know parent ids). A fitness of
+    None or NaN counts as the worst.
+    """
+    if not population:
+        raise ValueError("select: empty population")
+    individuals = []
+    for item, fitness in population:
+        f = _WORST if fitness is None or not math.isfinite(fitness) else float(fitness)
+        individuals.append(_individual((), payload=item, fitness=f))
+    with deap_random(rng):
+        chosen = _TOOLBOX.select(individuals, k, tournsize=tournament_size)
+    return [ind.payload for ind in chosen]
+
+
+# --- crossover ---
+def crossover(a: Genome, b: Genome, rng: random.Random) -> Genome:
+    """One child of two parents: DEAP's variable-length one-point crossover (``cxMessyOnePoint``) applied to
+    the spatial sections and to the dense sections separately (so convs stay before the head), and each
+    training gene (optimizer, lr, batch size, weight decay, head) taken from one parent or the other.
+    """
+    (sa, da), (sb, db) = a.sections(), b.sections()
+    with deap_random(rng):
+        spatial, _ = _TOOLBOX.mate_layers(_individual(sa), _individual(sb))
+        dense, _ = _TOOLBOX.mate_layers(_individual(da), _individual(db))
+    training = {name: getattr(a if rng.random() < 0.5 else b, name)
+                for name in ("optimizer", "lr", "batch_size", "weight_decay", "head")}
+    return Genome(layers=tuple(spatial) + tuple(dense), **training)
+
+
+# --- mutation ---
+def _insert_positions(genome: Genome, problem: Problem, section: str, gene_type: str) -> range:
+    """Where a new gene of a section may go without crossing the head."""
+    if problem.spatial_dims == 0:
+        return range(0, genome.num_layers + 1)  # tabular: everything acts on features
+    split = genome.dense_start
+    if section == "spatial":
+        return range(0, split + 1)
+    if gene_type == "dense":
+        return range(split, genome.num_layers + 1)
+    # norm/dropout after the head need a dense gene before them
+    return range(split + 1, genome.num_layers + 1)
+
+
+def _add_layer(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome | None:
+    if genome.num_layers >= space.max_layers:
+        return None
+    sections = [s for s in ("spatial", "dense") if space.section_types(problem, s)]
+    if problem.spatial_dims == 0:
+        sections = ["dense"] if "dense" in sections else []
+    if not sections:
+        return None
+    section = rng.choice(sections)
+    gene = space.random_gene(rng, problem, section)
+    positions = _insert_positions(genome, problem, section, gene.type)
+    if len(positions) == 0:  # a norm/dropout for a dense part that has no dense gene yet
+        return None
+    i = rng.choice(positions)
+    return genome.replace(layers=genome.layers[:i] + (gene,) + genome.layers[i:])
+
+
+def _remove_layer(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome | None:
+    if genome.num_layers <= space.min_layers or genome.num_layers == 0:
+        return None
+    i = rng.randrange(genome.num_layers)
+    return genome.replace(layers=genome.layers[:i] + genome.layers[i + 1:])
+
+
+def _change_layer(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome | None:
+    if genome.num_layers == 0:
+        return None
+    i = rng.randrange(genome.num_layers)
+    gene = genome.layers[i]
+    field = rng.choice(GENE_FIELDS[gene.type])
+    if field == "rate":
+        # small steps mostly, sometimes a fresh draw
+        lo, hi = space.dropout
+        value = gene["rate"] + rng.gauss(0.0, 0.1) if rng.random() < 0.7 else rng.uniform(lo, hi)
+        value = min(max(value, lo), hi)
+    else:
+        value = space.random_value(rng, gene.type, field)
+    return genome.replace(layers=genome.layers[:i] + (gene.replace(**{field: value}),) + genome.layers[i + 1:])
+
+
+def _replace_layer(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome | None:
+    if genome.num_layers == 0:
+        return None
+    i = rng.randrange(genome.num_layers)
+    old = genome.layers[i]
+    section = "dense" if (problem.spatial_dims == 0 or i >= genome.dense_start) else "spatial"
+    types = [t for t in space.section_types(problem, section) if t != old.type]
+    if section == "dense" and i == genome.dense_start and problem.spatial_dims > 0:
+        return None  # the first dense gene marks the head; replacing it would move the head
+    if not types:
+        return None
+    gene = space.random_gene(rng, problem, section, rng.choice(types))
+    return genome.replace(layers=genome.layers[:i] + (gene,) + genome.layers[i + 1:])
+
+
+def _move_layer(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome | None:
+    """Move one gene to another place in its own section (spatial genes stay before the head)."""
+    split = genome.dense_start if problem.spatial_dims > 0 else 0
+    spatial, dense = list(genome.layers[:split]), list(genome.layers[split:])
+    choices = [s for s in (spatial, dense) if len(s) >= 2]
+    if not choices:
+        return None
+    part = rng.choice(choices)
+    i, j = rng.sample(range(len(part)), 2)
+    part.insert(j, part.pop(i))
+    return genome.replace(layers=tuple(spatial + dense))
+
+
+def _choose_other(rng: random.Random, options: Sequence[T], current: T) -> T | None:
+    others = [o for o in options if o != current]
+    return rng.choice(others) if others else None
+
+
+def _mutate_optimizer(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome | None:
+    new = _choose_other(rng, space.optimizers, genome.optimizer)
+    return None if new is None else genome.replace(optimizer=new)
+
+
+def _log_step(rng: random.Random, value: float, low: float, high: float, sigma: float = 0.3) -> float:
+    """Multiply by 10**N(0, s), clipped to [low, high]: learning rates live on a log scale.
+
+    The step scale s is itself random, log-uniform in [sigma/30, sigma], so the search both jumps (a factor of
+    ~2) and fine-tunes (a few percent) without a schedule.
+    """
+    scale = sigma * 10 ** rng.uniform(-1.5, 0.0)
+    return min(max(value * 10 ** rng.gauss(0.0, scale), low), high)
+
+
+def _mutate_lr(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome | None:
+    return genome.replace(lr=_log_step(rng, genome.lr, *space.lr))
+
+
+def _mutate_batch_size(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome | None:
+    sizes = sorted(space.batch_sizes)
+    if genome.batch_size in sizes and rng.random() < 0.7:
+        i = sizes.index(genome.batch_size)  # mostly a neighbour: halve or double
+        near = [sizes[j] for j in (i - 1, i + 1) if 0 <= j < len(sizes)]
+        return genome.replace(batch_size=rng.choice(near)) if near else None
+    new = _choose_other(rng, sizes, genome.batch_size)
+    return None if new is None else genome.replace(batch_size=new)
+
+
+def _mutate_weight_decay(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome | None:
+    if space.weight_decay == (0.0, 0.0):
+        return None
+    if genome.weight_decay == 0.0:
+        return genome.replace(weight_decay=space.random_weight_decay(rng) or space.weight_decay[0])
+    if rng.random() < space.zero_weight_decay_prob:
+        return genome.replace(weight_decay=0.0)
+    return genome.replace(weight_decay=_log_step(rng, genome.weight_decay, *space.weight_decay, sigma=0.6))
+
+
+def _mutate_head(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome | None:
+    if problem.spatial_dims == 0:
+        return None  # tabular data has no head
+    new = _choose_other(rng, space.heads, genome.head)
+    return None if new is None else genome.replace(head=new)
+
+
+_Mutation = Callable[[Genome, SearchSpace, Problem, random.Random], "Genome | None"]
+#: name -> (operator, relative weight). Architecture changes dominate; training genes still move often.
+MUTATIONS: dict[str, tuple[_Mutation, float]] = {
+    "add_layer": (_add_layer, 2.0),
+    "remove_layer": (_remove_layer, 1.5),
+    "change_layer": (_change_layer, 3.0),
+    "replace_layer": (_replace_layer, 1.0),
+    "move_layer": (_move_layer, 1.0),
+    "optimizer": (_mutate_optimizer, 0.5),
+    "lr": (_mutate_lr, 1.5),
+    "batch_size": (_mutate_batch_size, 0.7),
+    "weight_decay": (_mutate_weight_decay, 0.7),
+    "head": (_mutate_head, 0.5),
+}
+_MAX_TRIES = 30
+
+
+def _mutate_once(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome:
+    names = list(MUTATIONS)
+    weights = [MUTATIONS[n][1] for n in names]
+    for _ in range(_MAX_TRIES):
+        name = rng.choices(names, weights=weights)[0]
+        child = MUTATIONS[name][0](genome, space, problem, rng)
+        if child is not None and child.key != genome.key:
+            return child
+    return genome
+
+
+def mutate(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random, n: int = 1) -> Genome:
+    """Apply ``n`` random mutations (add/remove/change/replace/move a layer, optimizer, lr, batch size,
+    weight decay, head). The child differs from the parent unless no mutation applies at all (a later
+    mutation may undo an earlier one; then more are applied)."""
+    child = genome
+    for _ in range(n):
+        child = _mutate_once(child, space, problem, rng)
+    for _ in range(_MAX_TRIES):
+        if child.key != genome.key:
+            break
+        child = _mutate_once(child, space, problem, rng)
+    return child
+
+
+# --- toolbox ---
+def make_toolbox(space: SearchSpace, problem: Problem) -> base.Toolbox:
+    """A DEAP toolbox with ``mate``, ``mutate`` and ``select`` bound to this space and problem, for code that
+    prefers DEAP's idiom; each takes the ``random.Random`` to draw from as its last argument."""
+    tb = base.Toolbox()
+    tb.register("mate", crossover)
+    tb.register("mutate", functools.partial(_mutate_with, space, problem))
+    tb.register("select", select)
+    return tb
+
+
+def _mutate_with(space: SearchSpace, problem: Problem, genome: Genome, rng: random.Random, n: int = 1) -> Genome:
+    return mutate(genome, space, problem, rng, n)
+
+
+# The DEAP primitives used above (they draw from the global random, so always call inside deap_random).
+_TOOLBOX = base.Toolbox()
+_TOOLBOX.register("mate_layers", tools.cxMessyOnePoint)
+_TOOLBOX.register("select", tools.selTournament)

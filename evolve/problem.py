@@ -1,0 +1,76 @@
+"""What is being learned: the per-sample input shape, the task and the number of outputs.
+
+A :class:`Problem` is everything the search needs to know about a dataset; it is small and picklable so the master
+can send it to workers once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+__all__ = ["Problem", "TASKS"]
+
+TASKS = ("classification", "regression")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Per-sample input shape ``(F,)``, ``(C, L)``, ``(C, H, W)`` or ``(C, D, H, W)``, task and output count."""
+
+    sample_shape: tuple[int, ...]
+    task: str
+    num_outputs: int
+
+    def __post_init__(self) -> None:
+        shape = self.sample_shape
+        if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
+            raise ValueError(f"problem.sample_shape: expected a sequence of positive integers, got {shape!r}")
+        shape = tuple(shape)
+        if not 1 <= len(shape) <= 4 or not all(_is_int(s) and s >= 1 for s in shape):
+            raise ValueError(
+                "problem.sample_shape: expected 1 to 4 positive integers ((F,), (C, L), (C, H, W) or (C, D, H, W)), "
+                f"got {list(shape)}"
+            )
+        object.__setattr__(self, "sample_shape", tuple(int(s) for s in shape))
+        if self.task not in TASKS:
+            raise ValueError(f"problem.task: expected one of {', '.join(TASKS)}, got {self.task!r}")
+        if not _is_int(self.num_outputs) or self.num_outputs < 1:
+            raise ValueError(f"problem.num_outputs: expected a positive integer, got {self.num_outputs!r}")
+        object.__setattr__(self, "num_outputs", int(self.num_outputs))
+
+    @property
+    def spatial_dims(self) -> int:
+        """0 for tabular data, else the number of spatial axes after the channel axis."""
+        return len(self.sample_shape) - 1
+
+    @property
+    def channels(self) -> int:
+        """Input channels (or features for tabular data): the axis that input normalisation works along."""
+        return self.sample_shape[0]
+
+    @property
+    def spatial_shape(self) -> tuple[int, ...]:
+        return self.sample_shape[1:]
+
+    @property
+    def is_classification(self) -> bool:
+        return self.task == "classification"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"sample_shape": list(self.sample_shape), "task": self.task, "num_outputs": self.num_outputs}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Problem":
+        known = {"sample_shape", "task", "num_outputs"}
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ValueError(f"problem.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
+        missing = sorted(known - set(d))
+        if missing:
+            raise ValueError(f"problem.{missing[0]}: missing")
+        return cls(sample_shape=tuple(d["sample_shape"]), task=d["task"], num_outputs=d["num_outputs"])
+
+
+def _is_int(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)

@@ -1,0 +1,222 @@
+"""Training one candidate network: the task a worker's trainer child runs for every genome.
+
+The dataset is moved to the device once per trainer child (ctx.cache) and batches are cut from it there, so
+a candidate costs no host-to-device copies beyond the first. On GPUs it trains in mixed precision (bf16 where
+the device has it, else fp16 with loss scaling).
+"""
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from evolve.build import build_model, set_normalization
+from evolve.errors import ConfigError
+from evolve.genome import Genome
+from evolve.problem import Problem
+from evolve.settings import from_table
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The loss became NaN or infinite: the candidate diverged."""
+
+    status = "nan"
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """The `[train]` table: how every candidate is trained (the genome holds what evolves)."""
+
+    epochs: int = 6
+    max_train_samples: int = 0  # per epoch; 0 = the whole training split
+    eval_batch_size: int = 1024
+    grad_clip: float = 5.0
+    mixed_precision: bool = True  # on GPUs only
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "TrainConfig":
+        cfg = from_table(cls, "train", d)
+        if cfg.epochs < 1:
+            raise ConfigError(f"train.epochs: expected at least 1, got {cfg.epochs}")
+        if cfg.max_train_samples < 0 or cfg.eval_batch_size < 1 or cfg.grad_clip < 0:
+            raise ConfigError("train: max_train_samples and grad_clip must be >= 0, eval_batch_size >= 1")
+        return cfg
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _channel_axes(x: torch.Tensor) -> tuple[int, ...]:
+    return (0,) + tuple(range(2, x.dim()))
+
+
+def normalization_stats(x: torch.Tensor, y: torch.Tensor, task: str, chunk: int = 4096) -> dict:
+    """Per-channel input mean/std and per-target mean/std, computed in float64 chunk by chunk."""
+    s = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)
+    ss = torch.zeros_like(s)
+    count = 0
+    for i in range(0, x.shape[0], chunk):
+        xb = x[i:i + chunk].double()
+        s += xb.sum(dim=_channel_axes(xb))
+        ss += (xb * xb).sum(dim=_channel_axes(xb))
+        count += xb.numel() // x.shape[1]
+    mean = s / max(count, 1)
+    std = (ss / max(count, 1) - mean * mean).clamp_min(0).sqrt().clamp_min(1e-6)
+    stats = {"x_mean": mean.float(), "x_std": std.float()}
+    if task == "regression":
+        yd = y.double()
+        stats["y_mean"] = yd.mean(0).float()
+        stats["y_std"] = yd.std(0, unbiased=False).clamp_min(1e-6).float()
+    return stats
+
+
+def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, task: str, batch: int,
+             autocast: Callable) -> dict:
+    """Validation metrics and the fitness (accuracy, or mean R^2 for regression; higher is better)."""
+    model.eval()
+    outs = []
+    with torch.no_grad(), autocast():
+        for i in range(0, x.shape[0], batch):
+            outs.append(model(x[i:i + batch]).float())
+    out = torch.cat(outs)
+    if task == "classification":
+        nll = F.cross_entropy(out, y).item()
+        acc = (out.argmax(1) == y).float().mean().item()
+        return {"val_loss": nll, "val_accuracy": acc, "fitness": acc}
+    err = out - y
+    mse = (err * err).mean(0)
+    var = y.var(0, unbiased=False).clamp_min(1e-12)
+    r2 = 1 - mse / var
+    return {"val_loss": (mse / var).mean().item(), "val_mse": mse.mean().item(), "val_r2": r2.mean().item(),
+            "fitness": r2.mean().item()}
+
+
+def _autocast_for(device: torch.device, enabled: bool):
+    if device.type == "cuda" and enabled:
+        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return dtype, (lambda: torch.autocast("cuda", dtype=dtype))
+    return None, (lambda: torch.autocast(device.type, enabled=False))
+
+
+def _optimizer(genome: Genome, params) -> torch.optim.Optimizer:
+    if genome.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=genome.lr, momentum=0.9, nesterov=True, weight_decay=genome.weight_decay)
+    cls = torch.optim.AdamW if genome.optimizer == "adamw" else torch.optim.Adam
+    return cls(params, lr=genome.lr, weight_decay=genome.weight_decay)
+
+
+def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torch.Tensor, torch.Tensor]],
+                    config: TrainConfig, *, device: str | torch.device = "cpu", seed: int = 0,
+                    report: Callable[[dict], None] | None = None, stats: dict | None = None) -> tuple[dict, dict]:
+    """Train `genome` on data['train'], score it on data['val'] after every epoch; keep the best epoch.
+
+    Returns (summary, state_dict of the best epoch). `report` gets each epoch's metrics (it may raise to stop).
+    """
+    device = torch.device(device)
+    torch.manual_seed(seed)
+    xtr, ytr = data["train"]
+    xva, yva = data["val"]
+    model = build_model(genome, problem)
+    set_normalization(model, **(stats or normalization_stats(xtr, ytr, problem.task)))
+    model.to(device)
+    amp_dtype, autocast = _autocast_for(device, config.mixed_precision)
+    scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
+    opt = _optimizer(genome, model.parameters())
+    n = xtr.shape[0] if not config.max_train_samples else min(xtr.shape[0], config.max_train_samples)
+    steps = max(1, n // genome.batch_size) * config.epochs
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=genome.lr, total_steps=steps, pct_start=0.15)
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    if problem.task == "regression":
+        y_mean, y_std = model.y_mean, model.y_std
+    best: dict | None = None
+    best_state: dict = {}
+    t0 = time.perf_counter()
+    for epoch in range(1, config.epochs + 1):
+        model.train()
+        order = torch.randperm(xtr.shape[0], generator=gen)[:n].to(device)
+        total, batches = 0.0, 0
+        for i in range(0, n, genome.batch_size):
+            idx = order[i:i + genome.batch_size]
+            if idx.numel() < 2:
+                break  # batch norm needs two samples
+            xb, yb = xtr[idx], ytr[idx]
+            with autocast():
+                out = model(xb)
+                if problem.task == "classification":
+                    loss = F.cross_entropy(out.float(), yb)
+                else:
+                    loss = F.mse_loss((out.float() - y_mean) / y_std, (yb - y_mean) / y_std)
+            if not torch.isfinite(loss):
+                raise NonFiniteLoss(f"loss is {loss.item()} at epoch {epoch}, batch {batches}")
+            opt.zero_grad(set_to_none=True)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(opt)
+            else:
+                loss.backward()
+            if config.grad_clip:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), config.grad_clip)
+            if scaler is not None:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+            if sched.last_epoch + 1 < steps:
+                sched.step()
+            total += loss.item()
+            batches += 1
+        metrics = {"epoch": epoch, "train_loss": total / max(batches, 1),
+                   **evaluate(model, xva, yva, problem.task, config.eval_batch_size, autocast)}
+        if not math.isfinite(metrics["fitness"]):
+            raise NonFiniteLoss(f"validation score is {metrics['fitness']} at epoch {epoch}")
+        if best is None or metrics["fitness"] > best["fitness"]:
+            best = dict(metrics)
+            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+        if report is not None:
+            report(metrics)
+    summary = {"fitness": best["fitness"], "best_epoch": best["epoch"], "epochs": config.epochs,
+               "train_seconds": time.perf_counter() - t0,
+               "params": sum(p.numel() for p in model.parameters()),
+               **{k: v for k, v in best.items() if k not in ("epoch", "fitness")}}
+    if amp_dtype is not None:
+        summary["precision"] = str(amp_dtype).replace("torch.", "")
+    return summary, best_state
+
+
+def device_data(ctx: Any, splits: tuple[str, ...] = ("train", "val")) -> dict:
+    """The shared arrays as tensors on this child's device, made once and kept for every later task."""
+    if "tensors" not in ctx.cache:
+        device = torch.device(ctx.device)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        tensors = {}
+        for split in splits:
+            x = torch.from_numpy(ctx.data[f"{split}/x"])
+            y = torch.from_numpy(ctx.data[f"{split}/y"])
+            tensors[split] = (x.to(device), y.to(device))  # no copy on the CPU: views of shared memory
+        ctx.cache["tensors"] = tensors
+    return ctx.cache["tensors"]
+
+
+def train_task(payload: dict, ctx: Any) -> dict:
+    """The worker task: payload = genome, problem, train config, seed and where to save the weights."""
+    genome = Genome.from_json(payload["genome"])
+    problem = Problem.from_dict(payload["problem"])
+    config = TrainConfig.from_dict(payload.get("train", {}))
+    data = device_data(ctx)
+    key = ("stats", problem.task)
+    if key not in ctx.cache:
+        ctx.cache[key] = normalization_stats(*data["train"], problem.task)
+    summary, state = train_candidate(genome, problem, data, config, device=ctx.device, seed=payload.get("seed", 0),
+                                     report=ctx.report, stats=ctx.cache[key])
+    if payload.get("save"):
+        tmp = f"{payload['save']}.tmp{os.getpid()}"
+        torch.save(state, tmp)
+        os.replace(tmp, payload["save"])
+    return {"fitness": summary.pop("fitness"), "metrics": summary}

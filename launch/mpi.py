@@ -1,0 +1,69 @@
+"""The one place that imports mpi4py, lazily, so `import evolve` works on a laptop without MPI."""
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+# Environment variables that a launcher sets in every rank it starts.
+_LAUNCHER_VARS = (
+    "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
+    "SLURM_STEP_ID", "ALPS_APP_PE", "JSM_NAMESPACE_SIZE", "FLUX_TASK_RANK", "PALS_RANKID",
+)
+
+
+def under_launcher() -> bool:
+    """True when this process was started by mpiexec/srun/jsrun/aprun/flux, so MPI already has its ranks."""
+    return any(v in os.environ for v in _LAUNCHER_VARS)
+
+
+def world() -> Any:
+    """COMM_WORLD, importing and initialising MPI on first use."""
+    import mpi4py
+
+    mpi4py.rc.thread_level = "single"
+    from mpi4py import MPI
+
+    return MPI.COMM_WORLD
+
+
+def node_comm(comm: Any) -> Any:
+    """The ranks of `comm` that share this node's memory."""
+    from mpi4py import MPI
+
+    return comm.Split_type(MPI.COMM_TYPE_SHARED, comm.rank)
+
+
+def mpiexec() -> str:
+    """The mpiexec that matches the MPI library mpi4py loads (the one beside this Python first)."""
+    override = os.environ.get("GALAPAGOS_MPIEXEC")
+    if override:
+        return override
+    local = Path(sys.executable).parent / "mpiexec"
+    if local.exists():
+        return str(local)
+    found = shutil.which("mpiexec") or shutil.which("mpirun")
+    if not found:
+        raise RuntimeError("no mpiexec found: install MPI (pip install 'galapagos[mpich]') or set GALAPAGOS_MPIEXEC")
+    return found
+
+
+class Backoff:
+    """Sleeps between polls, growing to `longest` while nothing happens.
+
+    MPICH spins inside blocking receives; polling with a short sleep keeps idle ranks off the CPU that
+    training needs, at a latency of at most `longest` seconds.
+    """
+
+    def __init__(self, longest: float = 1e-3, shortest: float = 1e-6):
+        self.longest, self.shortest, self.now = longest, shortest, 0.0
+
+    def reset(self) -> None:
+        self.now = 0.0
+
+    def sleep(self) -> None:
+        time.sleep(self.now)
+        self.now = min(self.longest, max(self.shortest, self.now * 2))

@@ -1,0 +1,104 @@
+"""The run directory: resolved config, the append-only journal of evaluations, the best network, logs."""
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any, Iterable
+
+log = logging.getLogger(__name__)
+
+JOURNAL = "results.jsonl"
+
+
+class RunDirError(ValueError):
+    pass
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_json(path: Path, obj: Any) -> None:
+    _atomic_write(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+class RunDir:
+    """One run's files. The journal is the truth: `--resume` rebuilds everything else from it."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self.journal = self.path / JOURNAL
+        self.config = self.path / "config.toml"
+        self.best = self.path / "best"
+        self.models = self.path / "models"
+        self.logs = self.path / "log"
+
+    @classmethod
+    def open(cls, path: str | Path, *, resume: bool) -> "RunDir":
+        """A new run directory, or (resume) the existing one; refuses to mix two runs in one directory."""
+        run = cls(path)
+        if not run.path.parent.exists():
+            raise RunDirError(f"--out {run.path}: parent directory {run.path.parent} does not exist")
+        if resume:
+            if not run.config.exists():
+                raise RunDirError(f"--resume: {run.path} holds no run to resume (no config.toml)")
+        elif run.journal.exists() and run.journal.stat().st_size > 0:
+            raise RunDirError(f"--out {run.path} already holds a run ({JOURNAL}); use --resume or a new --out")
+        for d in (run.path, run.models, run.logs):
+            d.mkdir(parents=True, exist_ok=True)
+        return run
+
+    def read_journal(self) -> list[dict]:
+        """Every finished evaluation so far; a torn last line (the run was killed mid-write) is cut off."""
+        if not self.journal.exists():
+            return []
+        records, good = [], 0
+        with open(self.journal, "rb") as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError:
+                    if f.read(1):  # not the last line: the journal was edited or corrupted
+                        raise RunDirError(f"{self.journal}:{number}: not a JSON line") from None
+                    log.warning("%s:%d: dropping a torn last line (the run was killed while writing it)",
+                                self.journal, number)
+                    break
+                good += len(line)
+        if good != self.journal.stat().st_size:
+            with open(self.journal, "r+b") as f:
+                f.truncate(good)
+        return records
+
+    def append(self, record: dict) -> None:
+        """One finished evaluation, on disk before the run goes on (flushed and fsynced)."""
+        with open(self.journal, "a") as f:
+            f.write(json.dumps(record, sort_keys=True, allow_nan=False) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+    def model_path(self, eval_id: int) -> Path:
+        return self.models / f"{eval_id}.pt"
+
+    def save_best(self, record: dict, extra: dict) -> None:
+        """Copy an evaluation's weights, genome and metrics into best/ (each file replaced atomically)."""
+        self.best.mkdir(exist_ok=True)
+        src = self.model_path(record["id"])
+        if src.exists():
+            tmp = self.best / f".model.pt.tmp{os.getpid()}"
+            shutil.copyfile(src, tmp)
+            os.replace(tmp, self.best / "model.pt")
+        write_json(self.best / "genome.json", record["genome"])
+        write_json(self.best / "metrics.json", {**extra, "id": record["id"], "fitness": record["fitness"],
+                                                "metrics": record["metrics"], "params": record["params"],
+                                                "key": record["key"]})
+
+    def prune_models(self, keep: Iterable[int]) -> None:
+        keep = {f"{i}.pt" for i in keep}
+        for f in self.models.glob("*.pt"):
+            if f.name not in keep:
+                f.unlink(missing_ok=True)

@@ -1,0 +1,186 @@
+"""The worker side of a task: runs it in a trainer child and turns every way it can end into a Result."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections import deque
+from multiprocessing import Pipe
+from pathlib import Path
+from typing import Any
+
+from launch.messages import CRASHED, FAILED, TIMEOUT, Progress, Result, Task
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT = 300.0  # seconds for a child to import torch and map the data on a slow shared file system
+CANCEL_GRACE = 10.0  # seconds a cancelled task has to stop on its own before its child is killed
+_MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "MPIR_", "HYDRA_", "MPICH_")
+
+
+class Supervisor:
+    """Owns one trainer child at a time and a queue of tasks for it."""
+
+    def __init__(self, rank: int, task_fn: str, *, data: dict | None = None, cores: list[int] | None = None,
+                 device: str = "cpu", log_path: Path | None = None, env: dict[str, str] | None = None):
+        self.rank, self.host = rank, socket.gethostname()
+        self.setup = {"rank": rank, "task_fn": task_fn, "data": data, "cores": cores, "device": device,
+                      "threads": max(1, len(cores)) if cores else 1}
+        self.log_path, self.extra_env = log_path, env or {}
+        self.proc: subprocess.Popen | None = None
+        self.conn = None
+        self.queue: deque[Task] = deque()
+        self.current: Task | None = None
+        self.started = 0.0
+        self.cancel_sent: float | None = None
+        self.cancel_status: str | None = None
+
+    # -- the child -------------------------------------------------------------------------------------------
+    def _spawn(self) -> None:
+        parent, child = Pipe()
+        env = {k: v for k, v in os.environ.items() if not k.startswith(_MPI_ENV_PREFIXES)}
+        env.update(self.extra_env)
+        env.setdefault("OMP_NUM_THREADS", str(self.setup["threads"]))
+        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        try:
+            self.proc = subprocess.Popen([sys.executable, "-m", "launch.trainer", str(child.fileno())],
+                                         pass_fds=[child.fileno()], env=env, stdout=out, stderr=out,
+                                         start_new_session=True)
+        finally:
+            child.close()
+            if out is not subprocess.DEVNULL:
+                out.close()
+        self.conn = parent
+        parent.send(self.setup)
+        if not parent.poll(START_TIMEOUT):
+            self._kill()
+            raise RuntimeError(f"trainer child on rank {self.rank} did not start within {START_TIMEOUT:.0f} s")
+        try:
+            kind, detail = parent.recv()
+        except EOFError:
+            code = self.proc.wait()
+            self.proc = None
+            raise RuntimeError(f"trainer child on rank {self.rank} died while starting ({_describe_exit(code)})"
+                               + (f"; see {self.log_path}" if self.log_path else "")) from None
+        if kind != "ready":
+            self._kill()
+            raise RuntimeError(f"trainer child on rank {self.rank} could not start: {detail}")
+
+    def _kill(self) -> int | None:
+        code = None
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            code = self.proc.wait()
+        if self.conn is not None:
+            self.conn.close()
+        self.proc, self.conn = None, None
+        return code
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    # -- tasks -----------------------------------------------------------------------------------------------
+    @property
+    def busy(self) -> bool:
+        return self.current is not None or bool(self.queue)
+
+    def submit(self, task: Task) -> list:
+        self.queue.append(task)
+        return self._start_next()
+
+    def cancel(self, task_id: int, status: str) -> list:
+        """Cancel a queued or running task; a running one gets CANCEL_GRACE seconds to stop itself."""
+        for task in list(self.queue):
+            if task.id == task_id:
+                self.queue.remove(task)
+                now = time.time()
+                return [self._result(task, status, None, now, now, {}, None)]
+        if self.current is not None and self.current.id == task_id and self.cancel_sent is None:
+            self.cancel_sent, self.cancel_status = time.time(), status
+            try:
+                self.conn.send(("cancel", task_id, status))
+            except OSError:
+                pass  # the child is gone; poll() reports the crash
+        return []
+
+    def _start_next(self) -> list:
+        events: list = []
+        while self.current is None and self.queue:
+            task = self.queue.popleft()
+            now = time.time()
+            if not self.alive():
+                try:
+                    self._kill()
+                    self._spawn()
+                except RuntimeError as exc:
+                    events.append(self._result(task, FAILED, None, now, time.time(), {}, str(exc)))
+                    continue
+            self.current, self.started, self.cancel_sent, self.cancel_status = task, time.time(), None, None
+            self.conn.send(("task", task.id, task.payload))
+        return events
+
+    def poll(self, timeout: float = 0.0) -> list:
+        """Progress and results that arrived within `timeout` seconds; enforces time limits and notices crashes."""
+        if self.current is None:
+            return self._start_next()
+        events: list = []
+        task = self.current
+        try:
+            ready = self.conn.poll(timeout)
+            while ready:
+                msg = self.conn.recv()
+                if msg[0] == "progress" and msg[1] == task.id:
+                    events.append(Progress(task.id, self.rank, msg[2]))
+                elif msg[0] == "result" and msg[1] == task.id:
+                    _, _, status, fitness, metrics, error = msg
+                    return events + self._finish(status, fitness, metrics, error, kill=False)
+                ready = self.conn.poll(0)
+        except (EOFError, OSError):
+            code = self.proc.wait() if self.proc else None
+            return events + self._finish(CRASHED, None, {}, f"trainer child died: {_describe_exit(code)}", kill=True)
+        now = time.time()
+        if task.time_limit is not None and now - self.started > task.time_limit:
+            return events + self._finish(TIMEOUT, None, {}, f"past its time limit of {task.time_limit:g} s", kill=True)
+        if self.cancel_sent is not None and now - self.cancel_sent > CANCEL_GRACE:
+            return events + self._finish(self.cancel_status, None, {}, "did not stop when cancelled", kill=True)
+        return events
+
+    def _finish(self, status, fitness, metrics, error, *, kill: bool) -> list:
+        if kill:
+            self._kill()
+        task, self.current = self.current, None
+        events = [self._result(task, status, fitness, self.started, time.time(), metrics, error)]
+        return events + self._start_next()
+
+    def _result(self, task, status, fitness, started, ended, metrics, error) -> Result:
+        return Result(task.id, self.rank, self.host, status, fitness, started, ended, metrics, error)
+
+    def stop(self) -> None:
+        if self.alive():
+            try:
+                self.conn.send(("stop",))
+                self.proc.wait(timeout=5)
+            except (OSError, subprocess.TimeoutExpired):
+                pass
+        self._kill()
+
+    def pending(self) -> list[Task]:
+        return ([self.current] if self.current else []) + list(self.queue)
+
+
+def _describe_exit(code: int | None) -> str:
+    if code is None:
+        return "unknown exit"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"

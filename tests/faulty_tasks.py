@@ -1,0 +1,58 @@
+"""Task functions that fail on purpose, for the fault tests: chosen by the task id, the rest train for real."""
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+from evolve.train import train_task
+
+# task id -> what goes wrong (ids start at 0)
+FAULTS = {1: "raise", 2: "nan", 3: "segfault", 4: "hang", 5: "abort"}
+
+
+def faulty(payload, ctx):
+    fault = FAULTS.get(ctx.task_id)
+    if fault == "raise":
+        raise RuntimeError("injected failure")
+    if fault == "nan":
+        return {"fitness": float("nan")}
+    if fault == "segfault":
+        os.kill(os.getpid(), signal.SIGSEGV)
+    if fault == "abort":
+        os.abort()
+    if fault == "hang":
+        while True:
+            time.sleep(1)
+    if payload.get("quick"):
+        return quick(payload, ctx)
+    return train_task(payload, ctx)
+
+
+def quick(payload, ctx):
+    """A cheap stand-in for training: fitness from the genome, epochs reported, for runtime tests."""
+    from evolve.genome import Genome
+
+    g = Genome.from_json(payload["genome"])
+    fitness = -abs(g.num_layers - 4) - abs(g.batch_size - 64) / 64
+    for epoch in range(1, 4):
+        ctx.report({"epoch": epoch, "fitness": fitness - (3 - epoch)})
+    return {"fitness": fitness, "metrics": {"layers": g.num_layers}}
+
+
+def slow_quick(payload, ctx):
+    """`quick`, slowed down so that a test can kill the run while tasks are in flight."""
+    time.sleep(0.3)
+    return quick(payload, ctx)
+
+
+def reporter(payload, ctx):
+    """Reports a rising fitness until cancelled."""
+    for epoch in range(1, 10_000):
+        ctx.report({"epoch": epoch, "fitness": float(epoch)})
+        time.sleep(0.02)
+    return {"fitness": 0.0}
+
+
+def ignores_cancel(payload, ctx):
+    time.sleep(3600)

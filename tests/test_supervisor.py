@@ -1,0 +1,112 @@
+"""The trainer child under its supervisor: every way a task can end becomes a Result, and the child comes back."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import launch.supervisor as supervisor_mod
+from launch.messages import CRASHED, FAILED, NAN, OK, PRUNED, TIMEOUT, Progress, Result, Task
+from launch.supervisor import Supervisor
+
+
+def wait_result(sup: Supervisor, timeout: float = 60.0) -> tuple[Result, list[Progress]]:
+    progress = []
+    end = time.time() + timeout
+    while time.time() < end:
+        for ev in sup.poll(0.05):
+            if isinstance(ev, Result):
+                return ev, progress
+            progress.append(ev)
+    pytest.fail("no result in time")
+
+
+@pytest.fixture
+def sup():
+    s = Supervisor(1, "tests.faulty_tasks:faulty")
+    yield s
+    s.stop()
+
+
+def quick_payload():
+    return {"genome": {"layers": [], "optimizer": "adam", "lr": 0.001, "batch_size": 64, "weight_decay": 0.0,
+                       "head": "avg"}}
+
+
+@pytest.mark.parametrize("task_id, status, words", [
+    (1, FAILED, "injected failure"),
+    (2, NAN, "non-finite"),
+    (3, CRASHED, "SIGSEGV"),
+    (5, CRASHED, "SIGABRT"),
+])
+def test_fault_becomes_status_and_child_restarts(sup, task_id, status, words):
+    sup.submit(Task(task_id, None, time_limit=30))
+    result, _ = wait_result(sup)
+    assert (result.id, result.status, result.fitness) == (task_id, status, None)
+    assert words in result.error
+    sup.submit(Task(100, {**quick_payload(), "quick": True}, time_limit=30))  # runs in a live child
+    result, progress = wait_result(sup)
+    assert result.status == OK and result.fitness is not None
+    assert [p.metrics["epoch"] for p in progress] == [1, 2, 3]
+
+
+def test_hang_past_time_limit_is_killed(sup):
+    pid_before = None
+    sup.submit(Task(4, None, time_limit=1.0))
+    pid_before = sup.proc.pid
+    t0 = time.time()
+    result, _ = wait_result(sup)
+    assert result.status == TIMEOUT and "time limit" in result.error
+    assert 1.0 <= time.time() - t0 < 10
+    assert sup.proc is None or sup.proc.pid != pid_before
+
+
+def test_cancel_prunes_with_best_fitness_so_far():
+    s = Supervisor(1, "tests.faulty_tasks:reporter")
+    try:
+        s.submit(Task(7, None))
+        seen = []
+        while len(seen) < 3:
+            seen += [e for e in s.poll(0.05) if isinstance(e, Progress)]
+        s.cancel(7, PRUNED)
+        result, progress = wait_result(s)
+        assert result.status == PRUNED
+        assert result.fitness == max(p.metrics["fitness"] for p in seen + progress)
+    finally:
+        s.stop()
+
+
+def test_cancel_ignored_is_killed_after_grace(monkeypatch):
+    monkeypatch.setattr(supervisor_mod, "CANCEL_GRACE", 0.5)
+    s = Supervisor(1, "tests.faulty_tasks:ignores_cancel")
+    try:
+        s.submit(Task(8, None))
+        s.poll(0.5)
+        s.cancel(8, "cancelled")
+        result, _ = wait_result(s)
+        assert result.status == "cancelled" and "did not stop" in result.error
+    finally:
+        s.stop()
+
+
+def test_queued_task_cancelled_without_running():
+    s = Supervisor(1, "tests.faulty_tasks:quick")
+    try:
+        s.submit(Task(1, quick_payload()))
+        s.submit(Task(2, quick_payload()))
+        events = s.cancel(2, "cancelled")
+        assert [(e.id, e.status) for e in events] == [(2, "cancelled")]
+        result, _ = wait_result(s)
+        assert result.id == 1 and result.status == OK
+    finally:
+        s.stop()
+
+
+def test_unimportable_task_function_fails_each_task_clearly():
+    s = Supervisor(1, "no_such_module:fn")
+    try:
+        events = s.submit(Task(1, None))
+        assert len(events) == 1 and events[0].status == FAILED
+        assert "no_such_module" in events[0].error
+    finally:
+        s.stop()
