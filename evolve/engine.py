@@ -87,6 +87,8 @@ class EvolutionConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "EvolutionConfig":
+        if d is not None and not isinstance(d, Mapping):
+            raise ConfigError(f"evolution: expected a table, got {d!r}")
         d = dict(d or {})
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(d) - set(known))

@@ -192,11 +192,11 @@ def _mutate_optimizer(genome: Genome, space: SearchSpace, problem: Problem, rng:
     return None if new is None else genome.replace(optimizer=new)
 
 
-def _log_step(rng: random.Random, value: float, low: float, high: float, sigma: float = 0.3) -> float:
+def _log_step(rng: random.Random, value: float, low: float, high: float, sigma: float = 0.5) -> float:
     """Multiply by 10**N(0, s), clipped to [low, high]: learning rates live on a log scale.
 
     The step scale s is itself random, log-uniform in [sigma/30, sigma], so the search both jumps (a factor of
-    ~2) and fine-tunes (a few percent) without a schedule.
+    ~3) and fine-tunes (a few percent) without a schedule.
     """
     scale = sigma * 10 ** rng.uniform(-1.5, 0.0)
     return min(max(value * 10 ** rng.gauss(0.0, scale), low), high)

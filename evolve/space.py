@@ -149,6 +149,8 @@ class SearchSpace:
     @classmethod
     def from_dict(cls, d: Mapping[str, Any] | None) -> "SearchSpace":
         """Build from the ``[space]`` TOML table; unknown keys and bad values raise ConfigError naming the key."""
+        if d is not None and not isinstance(d, Mapping):
+            raise ConfigError(f"space: expected a table, got {d!r}")
         d = dict(d or {})
         known = [f.name for f in fields(cls)]
         unknown = sorted(set(d) - set(known))

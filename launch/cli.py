@@ -5,6 +5,7 @@ import argparse
 import json
 import logging
 import os
+import random
 import subprocess
 import sys
 import time
@@ -115,8 +116,9 @@ def cmd_evolve(args, argv: list[str]) -> int:
 
 def _master_evolve(comm, args) -> int:
     from datashare.format import DataError, load
+    from evolve.build import check_genome
     from evolve.engine import Engine
-    from evolve.errors import ConfigError
+    from evolve.errors import ConfigError, InvalidGenome
     from evolve.problem import Problem
     from launch.evolution import EvolutionSource, format_summary, summarize, write_summary
     from launch.job import WorkerSetup, master_start
@@ -134,6 +136,10 @@ def _master_evolve(comm, args) -> int:
         records = run.read_journal() if args.resume else []
         run.config.write_text(config.dumps())
         problem = Problem(tuple(info.sample_shape), info.task, info.num_targets)
+        try:  # warms torch up before the clock of the run starts
+            check_genome(config.space.random_genome(random.Random(0), problem), problem, config.space)
+        except InvalidGenome:
+            pass
         engine = Engine(config.space, problem, config.evolution)
         if records:
             engine.replay(records)
@@ -157,13 +163,18 @@ def _master_evolve(comm, args) -> int:
                                         config.run.budget_minutes and f"{config.run.budget_minutes:g} minutes"])))
     master_start(comm, WorkerSetup(config.run.task, str(run.logs), config.run.chunk_mib << 20), arrays)
     del arrays, splits
+    cpu = time.process_time()
+    serve_start = time.time()
     try:
-        state = master_serve(comm, source, deadline=deadline, prefetch=None if config.run.prefetch < 0 else config.run.prefetch)
+        state = master_serve(comm, source, deadline=deadline,
+                             prefetch=None if config.run.prefetch < 0 else config.run.prefetch)
     finally:
         view.clear()
     wall = time.time() - start
     summary = summarize(source.records, population_size=config.evolution.population_size, workers=comm.size - 1,
                         wall_seconds=wall, busy_seconds=state.busy_seconds)
+    # The master's own CPU use while it served: it should leave the cores to training.
+    summary["master_cpu_share"] = round((time.process_time() - cpu) / max(time.time() - serve_start, 1e-9), 4)
     write_summary(run, summary)
     print(format_summary(summary), flush=True)
     print(f"run directory: {run.path} (best network in {run.best})", flush=True)

@@ -1,6 +1,7 @@
 """The master's side of an evolution run: the engine behind ask/tell, the journal, pruning, best/ and the summary."""
 from __future__ import annotations
 
+import bisect
 import logging
 import statistics
 import time
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from evolve.build import count_params
 from evolve.engine import Engine
+from evolve.errors import SearchExhausted
 from evolve.genome import Genome
 from evolve.problem import Problem
 from launch.config import Config
@@ -31,11 +33,16 @@ class EvolutionSource:
         self.inflight: dict[int, dict] = {}  # id -> what the record needs besides the result
         self.curves: dict[int, list[float]] = {}  # id -> fitness after each epoch, while running
         self.by_epoch: dict[int, list[float]] = defaultdict(list)  # epoch -> fitness of finished candidates
+        self.best: dict | None = None
+        self.failures = 0
+        self.top: list[tuple[float, int]] = []  # (fitness, id) of the evaluations whose weights are kept
         for r in self.records:
-            self._learn_curve(r)
+            self._learn(r)
+        self.run.prune_models([i for _, i in self.top])  # weights of tasks that were running when a run was killed
         self.started = time.time()
         self.state: MasterState | None = None
         self.shown = -1
+        self.exhausted = False  # the space has no new genome left
 
     # -- budget ----------------------------------------------------------------------------------------------
     @property
@@ -43,9 +50,14 @@ class EvolutionSource:
         return self.config.run.evaluations or None
 
     def next_task(self) -> Task | None:
-        if self.budget is not None and len(self.records) + len(self.inflight) >= self.budget:
+        if self.exhausted or (self.budget is not None and len(self.records) + len(self.inflight) >= self.budget):
             return None
-        cand = self.engine.ask()
+        try:
+            cand = self.engine.ask()
+        except SearchExhausted as exc:
+            self.exhausted = True
+            self.view.message(f"ending the run early: {exc}")
+            return None
         self.inflight[cand.id] = {"parents": list(cand.parents), "origin": cand.origin,
                                   "genome": cand.genome.to_json(), "key": cand.genome.key,
                                   "params": count_params(cand.genome, self.problem)}
@@ -56,7 +68,7 @@ class EvolutionSource:
         return Task(cand.id, payload, self.config.run.task_timeout)
 
     def finished(self) -> bool:
-        return self.budget is not None and len(self.records) >= self.budget
+        return self.exhausted or (self.budget is not None and len(self.records) >= self.budget)
 
     # -- results ---------------------------------------------------------------------------------------------
     def on_result(self, r: Result) -> None:
@@ -71,9 +83,7 @@ class EvolutionSource:
         self.run.append(record)
         self.records.append(record)
         self.engine.tell(r.id, r.fitness, r.status)
-        self._learn_curve(record)
-        self._keep_top()
-        if record is self.best_record():
+        if self._learn(record):
             self.run.save_best(record, {"problem": self.problem.to_dict(), "describe":
                                         Genome.from_json(record["genome"]).describe()})
         fit = "-" if r.fitness is None else f"{r.fitness:.4f}"
@@ -82,19 +92,23 @@ class EvolutionSource:
         if r.status not in (OK, PRUNED):
             self.view.message(msg)
 
-    def _learn_curve(self, record: dict) -> None:
-        if record["status"] == OK:
-            for epoch, fit in enumerate(record.get("curve", []), 1):
-                self.by_epoch[epoch].append(max(record["curve"][:epoch]))
-
-    def _keep_top(self) -> None:
-        scored = sorted((r for r in self.records if r["fitness"] is not None and r["status"] == OK),
-                        key=lambda r: -r["fitness"])
-        self.run.prune_models([r["id"] for r in scored[:self.config.run.keep_models]] + list(self.inflight))
-
-    def best_record(self) -> dict | None:
-        scored = [r for r in self.records if r["fitness"] is not None and r["status"] == OK]
-        return max(scored, key=lambda r: r["fitness"]) if scored else None
+    def _learn(self, record: dict) -> bool:
+        """Take in one finished evaluation; True if it is the new best."""
+        if record["status"] != OK:  # failures and pruned candidates leave no weights worth keeping
+            self.failures += record["status"] != PRUNED
+            self.run.model_path(record["id"]).unlink(missing_ok=True)
+            return False
+        curve = record.get("curve", [])
+        for epoch in range(1, len(curve) + 1):
+            self.by_epoch[epoch].append(max(curve[:epoch]))
+        bisect.insort(self.top, (-record["fitness"], record["id"]))
+        for _, dropped in self.top[self.config.run.keep_models:]:
+            self.run.model_path(dropped).unlink(missing_ok=True)
+        del self.top[self.config.run.keep_models:]
+        if self.best is None or record["fitness"] > self.best["fitness"]:
+            self.best = record
+            return True
+        return False
 
     def on_progress(self, p: Progress) -> str | None:
         """Median stopping: a candidate whose best so far is below the median of finished ones at this epoch."""
@@ -111,11 +125,10 @@ class EvolutionSource:
 
     # -- display ---------------------------------------------------------------------------------------------
     def snapshot(self) -> Snapshot:
-        best = self.best_record()
         state = self.state
-        return Snapshot(done=len(self.records), total=self.budget, best=best["fitness"] if best else None,
+        return Snapshot(done=len(self.records), total=self.budget, best=self.best["fitness"] if self.best else None,
                         busy=state.busy if state else 0, workers=state.workers if state else 0,
-                        failures=sum(r["status"] not in (OK, PRUNED) for r in self.records),
+                        failures=self.failures,
                         elapsed=time.time() - self.started,
                         remaining=None if self.deadline is None else max(0.0, self.deadline - time.time()))
 

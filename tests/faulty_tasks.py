@@ -56,3 +56,9 @@ def reporter(payload, ctx):
 
 def ignores_cancel(payload, ctx):
     time.sleep(3600)
+
+
+def sleeper(payload, ctx):
+    """Holds its worker for `payload` seconds without using the CPU."""
+    time.sleep(payload)
+    return {"fitness": 1.0}

@@ -52,6 +52,8 @@ def test_config_defaults_and_round_trip():
     assert EvolutionConfig.from_dict({}) == cfg
     assert EvolutionConfig.from_dict({"mutations": 3}).mutations == (3, 3)
     assert json.loads(json.dumps(cfg.to_dict())) == cfg.to_dict()
+    with pytest.raises(ConfigError, match="^evolution: expected a table"):
+        EvolutionConfig.from_dict([1])
 
 
 @pytest.mark.parametrize(
@@ -233,10 +235,10 @@ def test_replay_of_short_journal_stays_in_random_phase_and_ignores_duplicates():
 
 
 # --- it optimises ---
-@pytest.mark.parametrize("problem", [TABULAR, IMAGE], ids=["tabular", "2d"])
-def test_evolution_beats_random_search(problem):
+@pytest.mark.parametrize("problem, seeds", [(TABULAR, range(8)), (IMAGE, range(5))], ids=["tabular", "2d"])
+def test_evolution_beats_random_search(problem, seeds):
+    """Same budget of 300 evaluations: regularized evolution finds a better best than random search."""
     space = SearchSpace(max_layers=10)
-    seeds = range(6)
 
     def best(strategy, seed):
         engine = Engine(space, problem, EvolutionConfig(strategy=strategy, seed=seed))
@@ -246,5 +248,5 @@ def test_evolution_beats_random_search(problem):
     evo = [best("evolution", s) for s in seeds]
     rnd = [best("random", s) for s in seeds]
     wins = sum(e > r for e, r in zip(evo, rnd))
-    assert wins >= 4, (evo, rnd)
+    assert wins >= 0.75 * len(seeds), (evo, rnd)
     assert statistics.median(evo) > statistics.median(rnd)

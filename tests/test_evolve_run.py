@@ -73,7 +73,9 @@ def test_evolution_run_end_to_end(shapes_file, tmp_path):
                      "--save", tmp_path / "p.h5")
     assert pred.returncode == 0, pred.stderr
     scores = json.loads(pred.stdout)
-    assert set(scores) >= {"accuracy", "nll", "ece"} and scores["accuracy"] > 1 / 6
+    assert set(scores) >= {"accuracy", "nll", "ece"} and scores["samples"] == 90
+    val = galapagos("predict", "--model", out / "best", "--data", shapes_file, "--split", "val", "--json")
+    assert json.loads(val.stdout)["accuracy"] == pytest.approx(best["fitness"])  # the saved weights are the best
     report = galapagos("report", out)
     assert report.returncode == 0 and "best fitness" in report.stdout
 

@@ -196,6 +196,8 @@ def test_space_defaults_round_trip():
     assert SearchSpace.from_dict({}) == s
     assert isinstance(s.to_dict()["channels"], list)
     assert SearchSpace.from_dict({"channels": [4, 8], "lr": [1e-3, 1e-2]}).channels == (4, 8)
+    with pytest.raises(ConfigError, match="^space: expected a table"):
+        SearchSpace.from_dict(3)
 
 
 @pytest.mark.parametrize(
