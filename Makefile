@@ -13,14 +13,14 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PY) -m pip install --quiet -e ".[mpich,test]"
 	touch $@
 
-# The main job on a bundled example: evolve image classifiers for the shapes dataset (about 4 minutes on 2 cores).
+# The main job on a bundled example: evolve image classifiers for the shapes dataset (about 3.5 minutes on 2 cores).
 DEMO_DIR ?= runs/demo
 demo: $(VENV)/.installed
 	mkdir -p runs
 	$(PY) -m examples.shapes --out runs/shapes.h5
 	rm -rf $(DEMO_DIR)
 	$(VENV)/bin/galapagos evolve --data runs/shapes.h5 --out $(DEMO_DIR) --config examples/demo.toml \
-		--budget-minutes 3.5
+		--budget-minutes 3
 	$(VENV)/bin/galapagos predict --model $(DEMO_DIR)/best --data runs/shapes.h5 --split test
 
 test: $(VENV)/.installed

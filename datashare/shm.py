@@ -225,3 +225,34 @@ def bcast_shared(comm: Any, arrays: Mapping[str, np.ndarray] | None, *, root: in
     if not holder:
         return out, None
     return holder[0].arrays, holder[0]
+
+
+def remove_stale(prefix: str = "galapagos", directory: str = "/dev/shm") -> list[str]:
+    """Unlink segments `{prefix}_{pid}_*` whose creating process is gone (a run killed with SIGKILL).
+
+    Returns the names removed. Segments of live processes, and anything not named by this module, are left alone.
+    """
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        parts = name.split("_")
+        if len(parts) != 3 or parts[0] != prefix or not parts[1].isdigit():
+            continue
+        try:
+            os.kill(int(parts[1]), 0)
+            continue  # its creator still runs
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue  # another user's live process
+        try:
+            os.unlink(os.path.join(directory, name))
+            removed.append(name)
+        except OSError:
+            pass
+    if removed:
+        log.warning("removed %d stale shared-memory segment(s) of killed runs: %s", len(removed), ", ".join(removed))
+    return removed

@@ -6,15 +6,17 @@ dataset do not spin on the CPU that rank 0 is reading with.
 from __future__ import annotations
 
 import logging
-import os
+import signal
 import socket
-from dataclasses import dataclass, field
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from launch.mpi import Backoff, node_comm
+from datashare.shm import remove_stale
 from launch.placement import Placement, place
 from launch.runtime import TAG, TaskSource, master_serve, worker_serve
 from launch.supervisor import Supervisor
@@ -27,7 +29,6 @@ class WorkerSetup:
     task_fn: str  # 'module:function' run in the trainer child for each task
     log_dir: str | None = None
     chunk_bytes: int = 64 << 20
-    env: dict = field(default_factory=dict)
 
 
 def _placement(comm: Any) -> Placement:
@@ -47,15 +48,13 @@ def _share_data(comm: Any, arrays: dict[str, np.ndarray] | None, chunk_bytes: in
     return bcast_shared(comm, arrays, chunk_bytes=chunk_bytes)[1]
 
 
-def master_start(comm: Any, setup: WorkerSetup | str, arrays: dict[str, np.ndarray] | None = None) -> Placement | None:
+def master_start(comm: Any, setup: WorkerSetup | str, arrays: dict[str, np.ndarray] | None = None) -> None:
     """Send every worker its setup (or an error string that makes them exit), then share the data."""
     for rank in range(1, comm.size):
         comm.send(setup, dest=rank, tag=TAG)
-    if isinstance(setup, str):
-        return None
-    placement = _placement(comm)
-    _share_data(comm, arrays or {}, setup.chunk_bytes)
-    return placement
+    if not isinstance(setup, str):
+        _placement(comm)
+        _share_data(comm, arrays or {}, setup.chunk_bytes)
 
 
 def master_run(comm: Any, setup: WorkerSetup, source: TaskSource, arrays: dict[str, np.ndarray] | None = None,
@@ -72,6 +71,9 @@ def worker_main(comm: Any) -> int:
     setup = msg.recv()
     if isinstance(setup, str):
         return 1  # the master could not start; it says why
+    # A launcher ends a job with SIGTERM: exit through `finally`, so the shared segment is released.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
+    remove_stale()
     placement = _placement(comm)
     shared = _share_data(comm, None, setup.chunk_bytes)
     log_path = None
@@ -79,8 +81,7 @@ def worker_main(comm: Any) -> int:
         Path(setup.log_dir).mkdir(parents=True, exist_ok=True)
         log_path = Path(setup.log_dir) / f"trainer-{comm.rank}.log"
     supervisor = Supervisor(comm.rank, setup.task_fn, data=shared.descriptor() if shared else None,
-                            cores=None if os.environ.get("GALAPAGOS_NOBIND") else list(placement.cores), device=placement.device, log_path=log_path,
-                            env=dict(setup.env))
+                            cores=list(placement.cores), device=placement.device, log_path=log_path)
     log.debug("worker %d on %s: %s, cores %s", comm.rank, socket.gethostname(), placement.device, placement.cores)
     try:
         worker_serve(comm, supervisor, placement.device)

@@ -26,11 +26,11 @@ class Supervisor:
     """Owns one trainer child at a time and a queue of tasks for it."""
 
     def __init__(self, rank: int, task_fn: str, *, data: dict | None = None, cores: list[int] | None = None,
-                 device: str = "cpu", log_path: Path | None = None, env: dict[str, str] | None = None):
+                 device: str = "cpu", log_path: Path | None = None):
         self.rank, self.host = rank, socket.gethostname()
         self.setup = {"rank": rank, "task_fn": task_fn, "data": data, "cores": cores, "device": device,
                       "threads": max(1, len(cores)) if cores else 1}
-        self.log_path, self.extra_env = log_path, env or {}
+        self.log_path = log_path
         self.proc: subprocess.Popen | None = None
         self.conn = None
         self.queue: deque[Task] = deque()
@@ -43,7 +43,6 @@ class Supervisor:
     def _spawn(self) -> None:
         parent, child = Pipe()
         env = {k: v for k, v in os.environ.items() if not k.startswith(_MPI_ENV_PREFIXES)}
-        env.update(self.extra_env)
         env.setdefault("OMP_NUM_THREADS", str(self.setup["threads"]))
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:

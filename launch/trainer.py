@@ -9,6 +9,7 @@ import importlib
 import logging
 import math
 import os
+import signal
 import sys
 import traceback
 import warnings
@@ -100,7 +101,18 @@ def _setup_cpu(cores: list[int] | None, threads: int) -> None:
         sys.modules["torch"].set_num_threads(max(1, threads))
 
 
+def _die_with_parent() -> None:
+    """Linux: SIGKILL this child when its worker rank dies, so no trainer outlives a killed job."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def main(fd: int) -> None:
+    _die_with_parent()
     conn = Connection(fd)
     setup = conn.recv()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,

@@ -171,3 +171,16 @@ def test_from_arrays_copies_into_shared_memory() -> None:
         for k, a in src.items():
             np.testing.assert_array_equal(sa.arrays[k], a)
             assert sa.arrays[k].flags.writeable and sa.arrays[k].flags.c_contiguous
+
+
+def test_remove_stale_unlinks_segments_of_dead_processes_only(tmp_path):
+    import subprocess
+
+    from datashare.shm import remove_stale
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    for name in (f"galapagos_{dead.pid}_dead", f"galapagos_{os.getpid()}_live", "other_1_x"):
+        (tmp_path / name).write_bytes(b"x")
+    assert remove_stale(directory=str(tmp_path)) == [f"galapagos_{dead.pid}_dead"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"galapagos_{os.getpid()}_live", "other_1_x"])
