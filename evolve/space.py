@@ -141,7 +141,7 @@ class SearchSpace:
             lo, hi = float(value[0]), float(value[1])
             ok = lo <= hi and (lo > low if log else lo >= low) and hi <= high
         if not ok:
-            bound = f"0 < low <= high" if log else f"{low} <= low <= high <= {high}"
+            bound = "0 < low <= high" if log else f"{low} <= low <= high <= {high}"
             raise ConfigError(f"space.{name}: expected a {kind} [low, high] with {bound}, got {value!r}")
         return (lo, hi)
 

@@ -12,7 +12,6 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 

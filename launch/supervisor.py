@@ -11,7 +11,6 @@ import time
 from collections import deque
 from multiprocessing import Pipe
 from pathlib import Path
-from typing import Any
 
 from launch.messages import CRASHED, FAILED, TIMEOUT, Progress, Result, Task
 
