@@ -81,16 +81,11 @@ def _evolve_config(args):
 def _check_inputs(args):
     """Everything that can be checked before any rank starts: config, data file, run directory."""
     from datashare.format import inspect
+    from launch.rundir import RunDir
 
     config = _evolve_config(args)
     info = inspect(args.data)
-    if info.task not in ("classification", "regression"):
-        raise UsageError(f"{args.data}: unsupported task {info.task!r}")
-    out = Path(args.out)
-    if not out.parent.exists():
-        raise UsageError(f"--out {out}: parent directory {out.parent} does not exist")
-    if not args.resume and (out / "results.jsonl").exists() and (out / "results.jsonl").stat().st_size:
-        raise UsageError(f"--out {out} already holds a run (results.jsonl); use --resume or a new --out")
+    RunDir.check(args.out, resume=args.resume)
     return config, info
 
 

@@ -39,8 +39,8 @@ class RunDir:
         self.logs = self.path / "log"
 
     @classmethod
-    def open(cls, path: str | Path, *, resume: bool) -> "RunDir":
-        """A new run directory, or (resume) the existing one; refuses to mix two runs in one directory."""
+    def check(cls, path: str | Path, *, resume: bool) -> "RunDir":
+        """Refuse a directory that cannot hold this run (before anything is written or any rank starts)."""
         run = cls(path)
         if not run.path.parent.exists():
             raise RunDirError(f"--out {run.path}: parent directory {run.path.parent} does not exist")
@@ -49,6 +49,12 @@ class RunDir:
                 raise RunDirError(f"--resume: {run.path} holds no run to resume (no config.toml)")
         elif run.journal.exists() and run.journal.stat().st_size > 0:
             raise RunDirError(f"--out {run.path} already holds a run ({JOURNAL}); use --resume or a new --out")
+        return run
+
+    @classmethod
+    def open(cls, path: str | Path, *, resume: bool) -> "RunDir":
+        """A new run directory, or (resume) the existing one; refuses to mix two runs in one directory."""
+        run = cls.check(path, resume=resume)
         for d in (run.path, run.models, run.logs):
             d.mkdir(parents=True, exist_ok=True)
         return run

@@ -7,7 +7,6 @@ group (mpiexec, its proxies and every rank) is killed on timeout.
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -20,14 +19,13 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def mpiexec() -> str:
-    """The mpiexec next to this Python (the virtualenv's MPICH), else the first on PATH."""
-    local = Path(sys.executable).parent / "mpiexec"
-    if local.exists():
-        return str(local)
-    found = shutil.which("mpiexec") or shutil.which("mpirun")
-    if found is None:
-        pytest.skip("no mpiexec found next to the interpreter or on PATH")
-    return found
+    """The mpiexec the project would use (beside this Python first); skip where there is none."""
+    from launch.mpi import mpiexec as find
+
+    try:
+        return find()
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
 
 
 def _tail(text: str, limit: int = 4000) -> str:
