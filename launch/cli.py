@@ -68,9 +68,7 @@ def _evolve_config(args):
     if args.resume:
         if args.config:
             raise UsageError("--resume uses the run's own config.toml; change it with --set instead of --config")
-        path = RunDir(args.out).config
-        if not path.exists():
-            raise UsageError(f"--resume: {args.out} holds no run to resume (no config.toml)")
+        path = RunDir.check(args.out, resume=True).config
     config = load_config(path, args.set or [], overrides)
     if not config.run.evaluations and not config.run.budget_minutes:
         raise UsageError("no budget: give --evaluations N or --budget-minutes M (or run.evaluations / "

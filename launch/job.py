@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
+from datashare.shm import bcast_shared, remove_stale
 from launch.mpi import Backoff, node_comm
-from datashare.shm import remove_stale
 from launch.placement import Placement, place
 from launch.runtime import TAG, TaskSource, master_serve, worker_serve
 from launch.supervisor import Supervisor
@@ -43,8 +43,6 @@ def _placement(comm: Any) -> Placement:
 
 def _share_data(comm: Any, arrays: dict[str, np.ndarray] | None, chunk_bytes: int):
     """Collective: rank 0's arrays arrive in one shared-memory segment per worker that its trainer child maps."""
-    from datashare.shm import bcast_shared
-
     return bcast_shared(comm, arrays, chunk_bytes=chunk_bytes)[1]
 
 
