@@ -35,6 +35,7 @@ __all__ = [
     "import_npz",
     "write_dataset",
     "carve_val",
+    "carve_indices",
     "split_sizes",
 ]
 
@@ -370,6 +371,17 @@ def validate(path: str | os.PathLike, *, chunk_bytes: int = CHECK_CHUNK_BYTES) -
     return info
 
 
+def carve_indices(n: int, *, val_fraction: float = 0.1, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted (train, val) row indices of a split of ``n`` training samples by a fixed-seed permutation."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    if n < 2:
+        raise ValueError(f"cannot carve a validation split from {n} training sample(s)")
+    n_val = min(n - 1, max(1, int(round(val_fraction * n))))
+    perm = np.random.default_rng(seed).permutation(n)
+    return np.sort(perm[n_val:]), np.sort(perm[:n_val])
+
+
 def carve_val(x: np.ndarray, y: np.ndarray, *, val_fraction: float = 0.1, seed: int = 0
               ) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
     """Split train into (train, val) by a fixed-seed permutation, so every rank and every run agree on it.
@@ -377,15 +389,8 @@ def carve_val(x: np.ndarray, y: np.ndarray, *, val_fraction: float = 0.1, seed: 
     Both parts keep the original sample order. Train is compacted in place (its memory is reused), so the
     arrays passed in must not be used afterwards.
     """
-    if not 0.0 < val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     n = len(x)
-    if n < 2:
-        raise ValueError(f"cannot carve a validation split from {n} training sample(s)")
-    n_val = min(n - 1, max(1, int(round(val_fraction * n))))
-    perm = np.random.default_rng(seed).permutation(n)
-    val_idx = np.sort(perm[:n_val])
-    train_idx = np.sort(perm[n_val:])
+    train_idx, val_idx = carve_indices(n, val_fraction=val_fraction, seed=seed)
     x_val, y_val = x[val_idx], y[val_idx]
     # in-place compaction: train_idx is sorted and train_idx[k] >= k, so block k..k+s only reads rows >= k
     step = _rows_per_chunk(max(1, x[0].nbytes if n else 1))

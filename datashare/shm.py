@@ -1,122 +1,131 @@
-"""A dict of numpy arrays in one POSIX shared-memory segment.
+"""A dict of numpy arrays in one POSIX shared-memory segment (a file under /dev/shm), mapped by many processes.
 
-A worker rank receives the dataset once into shared memory (:func:`bcast_shared`, i.e. ``bcast_arrays`` with
-a shared-memory ``allocate``); the trainer child processes it starts map the same pages read-only via a small
-picklable descriptor, so restarting a trainer costs no copy and no second broadcast.
+A node's leader rank creates the segment and fills it; the other ranks of the node map it read-only; the trainer
+processes they start map it through an inherited file descriptor. Once every local rank holds a descriptor, the
+leader removes the segment's name: the memory then lives exactly as long as the processes that map it, so a job
+that dies in any way (even SIGKILL) leaves nothing behind in /dev/shm.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
+import mmap
 import os
 import secrets
-import sys
-import threading
-from multiprocessing import resource_tracker
-from multiprocessing.shared_memory import SharedMemory
+import socket
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .broadcast import ArraySpec, _spec, bcast_arrays, layout, views
+from .broadcast import ArraySpec, _spec, layout, views
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SharedArrays", "bcast_shared"]
+__all__ = ["SharedArrays", "SharedMemoryError", "SHM_DIR", "free_bytes", "remove_stale"]
 
-_patch_lock = threading.Lock()
-
-
-def _attach_untracked(name: str) -> SharedMemory:
-    """Open an existing segment without registering it with this process's resource tracker.
-
-    Before Python 3.13 every SharedMemory registers, so the tracker would unlink (and warn about) the segment
-    when an attaching process exits. Unregistering afterwards is not enough: a child started by
-    multiprocessing shares its parent's tracker, and its unregister would cancel the creator's registration.
-    """
-    if sys.version_info >= (3, 13):
-        return SharedMemory(name=name, create=False, track=False)  # type: ignore[call-arg]
-    with _patch_lock:
-        original = resource_tracker.register
-
-        def register(rname: str, rtype: str) -> None:
-            if rtype != "shared_memory":
-                original(rname, rtype)
-
-        resource_tracker.register = register  # type: ignore[assignment]
-        try:
-            return SharedMemory(name=name, create=False)
-        finally:
-            resource_tracker.register = original  # type: ignore[assignment]
+SHM_DIR = "/dev/shm"
 
 
-def _release(shm: SharedMemory) -> None:
-    """Drop a SharedMemory's own handles without unmapping memory that live arrays may still use."""
-    shm._buf = None  # type: ignore[attr-defined]
-    shm._mmap = None  # type: ignore[attr-defined]
-    fd = getattr(shm, "_fd", -1)
-    if fd >= 0:
-        os.close(fd)
-        shm._fd = -1  # type: ignore[attr-defined]
+class SharedMemoryError(OSError):
+    """Not enough shared memory on a node, or a segment that cannot be made or mapped."""
+
+
+def free_bytes(directory: str = SHM_DIR) -> int:
+    st = os.statvfs(directory)
+    return st.f_bavail * st.f_frsize
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
 
 
 class SharedArrays:
     """Arrays laid out by :func:`datashare.broadcast.layout` in one shared-memory segment.
 
-    The creator owns the segment and unlinks it on :meth:`close`; attached processes get read-only views and
-    only unmap it.
+    The creator owns the segment (writable; it removes the name); attached processes get read-only views.
     """
 
-    def __init__(self, shm: SharedMemory, specs: list[ArraySpec], *, owner: bool) -> None:
-        self._shm: SharedMemory | None = shm
+    def __init__(self, fd: int, name: str, specs: list[ArraySpec], *, owner: bool) -> None:
         self._specs = specs
         self._offsets, self._total = layout(specs)
-        self._owner = owner
-        self._name = shm.name
-        self._buffer: np.ndarray | None = np.ndarray((self._total,), dtype=np.uint8, buffer=shm.buf)
-        if not owner:
-            self._buffer.flags.writeable = False
+        self._owner, self._name, self._fd = owner, name, fd
+        self._linked = owner
+        prot = mmap.PROT_READ | (mmap.PROT_WRITE if owner else 0)
+        flags = mmap.MAP_SHARED | (0 if owner else getattr(mmap, "MAP_POPULATE", 0))  # readers: map pages at once
+        mm = mmap.mmap(fd, max(1, self._total), flags=flags, prot=prot)
+        self._buffer: np.ndarray | None = np.frombuffer(mm, dtype=np.uint8, count=self._total)
         self._arrays: dict[str, np.ndarray] | None = views(self._buffer, specs)
 
     # -- construction
 
     @classmethod
     def create(cls, specs: Iterable[Iterable[Any]], *, prefix: str = "galapagos") -> "SharedArrays":
-        """Allocate a segment for ``specs`` ((name, shape, dtype) triples); its contents start as zeros."""
+        """A new zeroed segment for ``specs`` ((name, shape, dtype) triples), its memory reserved up front.
+
+        Fails with the numbers, before anything is written, if /dev/shm has too little room: a tmpfs that runs
+        out while being written kills the writer with SIGBUS instead.
+        """
         specs = [_spec(s) for s in specs]
         _, total = layout(specs)
+        free = free_bytes()
+        host = socket.gethostname()
+        if total > free:
+            raise SharedMemoryError(errno.ENOSPC, f"node {host}: {SHM_DIR} has {_gib(free)} free, the dataset "
+                                    f"needs {_gib(total)} (one copy per node): free it, or use nodes with more memory")
         name = f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}"
-        shm = SharedMemory(name=name, create=True, size=max(1, total))  # size 0 is rejected by the OS API
+        path = os.path.join(SHM_DIR, name)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        try:
+            if total:
+                os.posix_fallocate(fd, 0, total)
+            else:
+                os.ftruncate(fd, 1)
+            sa = cls(fd, name, specs, owner=True)
+        except OSError as exc:
+            os.close(fd)
+            os.unlink(path)
+            raise SharedMemoryError(exc.errno, f"node {host}: cannot reserve {_gib(total)} in {SHM_DIR} "
+                                    f"({_gib(free)} free): {exc.strerror}") from None
         log.debug("created shared memory %s (%d bytes, %d arrays)", name, total, len(specs))
-        return cls(shm, specs, owner=True)
+        return sa
 
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray], *, prefix: str = "galapagos") -> "SharedArrays":
-        """A shared copy of local arrays (e.g. on a rank that read the file itself)."""
-        specs = [(k, np.shape(a), np.asarray(a).dtype) for k, a in arrays.items()]
-        sa = cls.create(specs, prefix=prefix)
+        """A shared copy of local arrays."""
+        sa = cls.create([(k, np.shape(a), np.asarray(a).dtype) for k, a in arrays.items()], prefix=prefix)
         for k, a in arrays.items():
             sa.arrays[k][...] = a
         return sa
 
     @classmethod
     def attach(cls, descriptor: Mapping[str, Any]) -> "SharedArrays":
-        """Map a segment described by :meth:`descriptor` (from another process) read-only."""
+        """Map a segment read-only: through the inherited descriptor ``fd`` if this process has it, else by name."""
         specs = [_spec(s) for s in descriptor["specs"]]
         offsets, total = layout(specs)
         if dict(descriptor.get("offsets", offsets)) != offsets:
-            raise ValueError(f"shared memory {descriptor['name']}: layout differs from the creator's")
-        shm = _attach_untracked(descriptor["name"])
-        if shm.size < total:
-            shm.close()
-            raise ValueError(f"shared memory {descriptor['name']}: {shm.size} bytes, {total} expected")
-        return cls(shm, specs, owner=False)
+            raise SharedMemoryError(errno.EINVAL, f"shared memory {descriptor['name']}: layout differs from the "
+                                    "creator's")
+        fd = descriptor.get("fd")
+        if fd is not None and _same_file(fd, descriptor):
+            fd = os.dup(fd)
+        else:
+            try:
+                fd = os.open(os.path.join(SHM_DIR, descriptor["name"]), os.O_RDONLY)
+            except FileNotFoundError:
+                raise SharedMemoryError(errno.ENOENT, f"shared memory {descriptor['name']} is gone (its name is "
+                                        "removed once the node's ranks have mapped it; pass its fd)") from None
+        size = os.fstat(fd).st_size
+        if size < total:
+            os.close(fd)
+            raise SharedMemoryError(errno.EINVAL, f"shared memory {descriptor['name']}: {size} bytes, "
+                                    f"{total} expected")
+        return cls(fd, descriptor["name"], specs, owner=False)
 
     # -- access
 
     @property
     def name(self) -> str:
-        """The segment's name (as under /dev/shm on Linux)."""
         return self._name
 
     @property
@@ -132,8 +141,12 @@ class SharedArrays:
         return list(self._specs)
 
     @property
+    def offsets(self) -> dict[str, int]:
+        return dict(self._offsets)
+
+    @property
     def buffer(self) -> np.ndarray:
-        """The whole segment as flat uint8 (writable for the creator): pass ``lambda n: sa.buffer`` as allocate."""
+        """The whole segment as flat uint8 (writable for the creator)."""
         if self._buffer is None:
             raise ValueError(f"shared memory {self._name} is closed")
         return self._buffer
@@ -146,44 +159,39 @@ class SharedArrays:
         return self._arrays
 
     def descriptor(self) -> dict[str, Any]:
-        """A small picklable description that :meth:`attach` turns back into views in another process."""
-        return {
-            "name": self._name,
-            "specs": [(s.name, s.shape, s.dtype.str) for s in self._specs],
-            "offsets": dict(self._offsets),
-            "nbytes": self._total,
-        }
+        """A small picklable description for :meth:`attach`; a child started with ``pass_fds=[d['fd']]`` maps it
+        even after the name is gone."""
+        st = os.fstat(self._fd) if self._fd >= 0 else None
+        return {"name": self._name, "fd": self._fd if self._fd >= 0 else None,
+                "inode": (st.st_dev, st.st_ino) if st else None,
+                "specs": [(s.name, s.shape, s.dtype.str) for s in self._specs],
+                "offsets": dict(self._offsets), "nbytes": self._total}
 
     # -- lifetime
 
-    def close(self) -> None:
-        """Let go of the segment: memory is unmapped once no view of it remains; the creator also unlinks it."""
-        shm, self._shm = self._shm, None
-        if shm is None:
-            return
-        self._arrays = None
-        self._buffer = None
-        # Do not munmap here: numpy views made from shm.buf keep no buffer export, so SharedMemory.close()
-        # would succeed and leave any view a caller still holds pointing at unmapped memory (a segfault).
-        # Instead the mapping is left to the views (via the memoryview they reference) and is unmapped when
-        # the last of them is garbage; the file descriptor is closed now.
-        _release(shm)
-        if self._owner:
-            self.unlink(shm)
-
-    def unlink(self, _shm: SharedMemory | None = None) -> None:
-        """Remove the segment's name (creator only); mappings that exist stay valid until closed."""
+    def unlink(self) -> None:
+        """Remove the segment's name (creator only); every existing mapping and descriptor stays valid."""
         if not self._owner:
             raise PermissionError(f"shared memory {self._name} was attached, not created, here; only its "
                                   "creator unlinks it")
-        shm = _shm or self._shm
-        if shm is None:
-            return
-        try:
-            shm.unlink()
-        except FileNotFoundError:
-            pass
-        log.debug("unlinked shared memory %s", self._name)
+        if self._linked:
+            self._linked = False
+            try:
+                os.unlink(os.path.join(SHM_DIR, self._name))
+            except FileNotFoundError:
+                pass
+            log.debug("unlinked shared memory %s", self._name)
+
+    def close(self) -> None:
+        """Let go of the segment. The mapping goes when the last view of it is garbage (unmapping under live
+        numpy views would make them segfault); the descriptor is closed and the name removed now."""
+        self._arrays = None
+        self._buffer = None
+        if self._owner:
+            self.unlink()
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def __enter__(self) -> "SharedArrays":
         return self
@@ -198,37 +206,22 @@ class SharedArrays:
             pass
 
     def __repr__(self) -> str:
-        state = "closed" if self._shm is None else ("owner" if self._owner else "attached")
+        state = "closed" if self._fd < 0 else ("owner" if self._owner else "attached")
         return f"SharedArrays({self._name!r}, {len(self._specs)} arrays, {self._total} bytes, {state})"
 
 
-def bcast_shared(comm: Any, arrays: Mapping[str, np.ndarray] | None, *, root: int = 0, prefix: str = "galapagos",
-                 chunk_bytes: int = 64 << 20) -> tuple[dict[str, np.ndarray], SharedArrays | None]:
-    """Broadcast ``arrays`` from ``root``; every other rank receives them straight into a new shared segment.
-
-    Returns (arrays, holder): on the root the given arrays and None; elsewhere the shared views and the
-    :class:`SharedArrays` that owns them (close it when done; pass its ``descriptor()`` to child processes).
-    """
-    holder: list[SharedArrays] = []
-
-    def allocate(total: int, specs: list[ArraySpec]) -> np.ndarray:
-        sa = SharedArrays.create(specs, prefix=prefix)
-        holder.append(sa)
-        return sa.buffer
-
+def _same_file(fd: int, descriptor: Mapping[str, Any]) -> bool:
+    """Whether ``fd`` in this process is the segment (a child inherits it; elsewhere the number means nothing)."""
     try:
-        out = bcast_arrays(comm, arrays, root=root, chunk_bytes=chunk_bytes, allocate=allocate)
-    except BaseException:
-        for sa in holder:
-            sa.close()
-        raise
-    if not holder:
-        return out, None
-    return holder[0].arrays, holder[0]
+        st = os.fstat(fd)
+    except OSError:
+        return False
+    inode = descriptor.get("inode")
+    return inode is not None and (st.st_dev, st.st_ino) == tuple(inode)
 
 
-def remove_stale(prefix: str = "galapagos", directory: str = "/dev/shm") -> list[str]:
-    """Unlink segments `{prefix}_{pid}_*` whose creating process is gone (a run killed with SIGKILL).
+def remove_stale(prefix: str = "galapagos", directory: str = SHM_DIR) -> list[str]:
+    """Unlink segments `{prefix}_{pid}_*` whose creating process is gone (a run killed while it shared data).
 
     Returns the names removed. Segments of live processes, and anything not named by this module, are left alone.
     """

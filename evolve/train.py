@@ -188,6 +188,27 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     return summary, best_state
 
 
+class Rows:
+    """The rows ``index`` of a tensor, gathered batch by batch: a split carved from the shared data, not copied."""
+
+    def __init__(self, data: torch.Tensor, index: torch.Tensor):
+        self.data, self.index = data, index
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.index), *self.data.shape[1:])
+
+    @property
+    def device(self) -> torch.device:
+        return self.data.device
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def __getitem__(self, rows) -> torch.Tensor:
+        return self.data[self.index[rows]]
+
+
 def device_data(ctx: Any, splits: tuple[str, ...] = ("train", "val")) -> dict:
     """The shared arrays as tensors on this child's device, made once and kept for every later task."""
     if "tensors" not in ctx.cache:
@@ -196,9 +217,14 @@ def device_data(ctx: Any, splits: tuple[str, ...] = ("train", "val")) -> dict:
             torch.cuda.set_device(device)
         tensors = {}
         for split in splits:
-            x = torch.from_numpy(ctx.data[f"{split}/x"])
-            y = torch.from_numpy(ctx.data[f"{split}/y"])
-            tensors[split] = (x.to(device), y.to(device))  # no copy on the CPU: views of shared memory
+            if f"{split}/index" in ctx.data:  # val carved from train: rows of the file's train split
+                index = torch.from_numpy(ctx.data[f"{split}/index"]).to(device)
+                if "train/x" not in tensors:
+                    tensors["train/x"] = torch.from_numpy(ctx.data["train/x"]).to(device)
+                y = torch.from_numpy(ctx.data["train/y"]).to(device).index_select(0, index)
+                tensors[split] = (Rows(tensors["train/x"], index), y)
+            else:  # no copy on the CPU: views of the node's shared memory
+                tensors[split] = tuple(torch.from_numpy(ctx.data[f"{split}/{part}"]).to(device) for part in "xy")
         ctx.cache["tensors"] = tensors
     return ctx.cache["tensors"]
 

@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from datashare.shm import bcast_shared, remove_stale
+from datashare.share import Plan, Shared, share
+from datashare.shm import remove_stale
 from launch.mpi import Backoff, node_comm
 from launch.placement import Placement, place
 from launch.runtime import TAG, TaskSource, master_serve, worker_serve
@@ -28,41 +29,54 @@ log = logging.getLogger(__name__)
 class WorkerSetup:
     task_fn: str  # 'module:function' run in the trainer child for each task
     log_dir: str | None = None
-    chunk_bytes: int = 64 << 20
+    chunk_bytes: int = 64 << 20  # for data given as in-memory arrays; a Plan carries its own
 
 
-def _placement(comm: Any) -> Placement:
+def _placement(comm: Any, node: Any) -> Placement:
     """Collective: this rank's share of its node, counting only the worker ranks there."""
-    node = node_comm(comm)
     ranks = node.allgather(comm.rank)
-    node.Free()
     workers = [r for r in sorted(ranks) if r != 0]
     index = workers.index(comm.rank) if comm.rank in workers else 0
     return place(index, max(1, len(workers)))
 
 
-def _share_data(comm: Any, arrays: dict[str, np.ndarray] | None, chunk_bytes: int):
-    """Collective: rank 0's arrays arrive in one shared-memory segment per worker that its trainer child maps."""
-    return bcast_shared(comm, arrays, chunk_bytes=chunk_bytes)[1]
+def master_start(comm: Any, setup: WorkerSetup | str, data: Plan | dict[str, np.ndarray] | None = None,
+                 memory: dict[str, np.ndarray] | None = None) -> Shared | None:
+    """Send every worker its setup (or an error string that makes them exit), then share the data.
 
-
-def master_start(comm: Any, setup: WorkerSetup | str, arrays: dict[str, np.ndarray] | None = None) -> None:
-    """Send every worker its setup (or an error string that makes them exit), then share the data."""
+    ``data`` is a :class:`datashare.share.Plan` (read from its file by the readers; ``memory`` holds the arrays
+    it sends from rank 0's memory) or a dict of arrays. Returns the master's hold on its node's shared copy,
+    which must stay open while the workers run (close it after serving).
+    """
     for rank in range(1, comm.size):
         comm.send(setup, dest=rank, tag=TAG)
-    if not isinstance(setup, str):
-        _placement(comm)
-        _share_data(comm, arrays or {}, setup.chunk_bytes)
+    if isinstance(setup, str):
+        return None
+    if not isinstance(data, Plan):
+        memory = data or {}
+        data = Plan.of_arrays(memory, chunk_bytes=setup.chunk_bytes)
+    node = node_comm(comm)
+    try:
+        _placement(comm, node)
+        return share(comm, node, data, memory=memory, want={})
+    finally:
+        node.Free()
 
 
-def master_run(comm: Any, setup: WorkerSetup, source: TaskSource, arrays: dict[str, np.ndarray] | None = None,
-               **serve: Any):
-    master_start(comm, setup, arrays)
-    return master_serve(comm, source, **serve)
+def master_run(comm: Any, setup: WorkerSetup, source: TaskSource, data: Plan | dict[str, np.ndarray] | None = None,
+               memory: dict[str, np.ndarray] | None = None, **serve: Any):
+    shared = master_start(comm, setup, data, memory)
+    try:
+        return master_serve(comm, source, **serve)
+    finally:
+        if shared is not None:
+            shared.close()
 
 
 def worker_main(comm: Any) -> int:
     """Everything a worker rank does; returns its exit code."""
+    # A scheduler's SIGUSR1 ahead of the wall time is for the master; ignored here, and so in the trainer children.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     backoff = Backoff(longest=0.01)
     while (msg := comm.improbe(source=0, tag=TAG)) is None:
         backoff.sleep()
@@ -72,18 +86,21 @@ def worker_main(comm: Any) -> int:
     # A launcher ends a job with SIGTERM: exit through `finally`, so the shared segment is released.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     remove_stale()
-    placement = _placement(comm)
-    shared = _share_data(comm, None, setup.chunk_bytes)
+    node = node_comm(comm)
+    try:
+        placement = _placement(comm, node)
+        shared = share(comm, node)
+    finally:
+        node.Free()
     log_path = None
     if setup.log_dir:
         Path(setup.log_dir).mkdir(parents=True, exist_ok=True)
         log_path = Path(setup.log_dir) / f"trainer-{comm.rank}.log"
-    supervisor = Supervisor(comm.rank, setup.task_fn, data=shared.descriptor() if shared else None,
+    supervisor = Supervisor(comm.rank, setup.task_fn, data=shared.descriptor(),
                             cores=list(placement.cores), device=placement.device, log_path=log_path)
     log.debug("worker %d on %s: %s, cores %s", comm.rank, socket.gethostname(), placement.device, placement.cores)
     try:
         worker_serve(comm, supervisor, placement.device)
     finally:
-        if shared is not None:
-            shared.close()
+        shared.close()
     return 0

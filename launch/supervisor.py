@@ -30,6 +30,7 @@ class Supervisor:
         self.setup = {"rank": rank, "task_fn": task_fn, "data": data, "cores": cores, "device": device,
                       "threads": max(1, len(cores)) if cores else 1}
         self.log_path = log_path
+        self._data_fds = [data["fd"]] if data and data.get("fd") is not None else []  # the shared copy, inherited
         self.proc: subprocess.Popen | None = None
         self.conn = None
         self.queue: deque[Task] = deque()
@@ -46,7 +47,7 @@ class Supervisor:
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "launch.trainer", str(child.fileno())],
-                                         pass_fds=[child.fileno()], env=env, stdout=out, stderr=out,
+                                         pass_fds=[child.fileno(), *self._data_fds], env=env, stdout=out, stderr=out,
                                          start_new_session=True)
         finally:
             child.close()

@@ -122,10 +122,9 @@ def main(fd: int) -> None:
         shared = None
         data: dict = {}
         if setup.get("data"):
-            from datashare.shm import SharedArrays
+            from datashare.share import open_shared
 
-            shared = SharedArrays.attach(setup["data"])
-            data = shared.arrays
+            shared, data = open_shared(setup["data"])
         fn = load_function(setup["task_fn"])
         _setup_cpu(setup.get("cores"), setup["threads"])
     except BaseException as exc:  # noqa: BLE001 - tell the supervisor why, then die

@@ -8,13 +8,11 @@ rank prints ``BCAST_OK rank=R`` (or ``ERROR_OK rank=R`` in ``--mode error``) whe
 from __future__ import annotations
 
 import argparse
-import os
 
 import numpy as np
 from mpi4py import MPI
 
 from datashare.broadcast import ALIGN, bcast_arrays, layout, specs_of
-from datashare.shm import SharedArrays, bcast_shared
 
 
 def make_arrays(seed: int) -> dict[str, np.ndarray]:
@@ -92,22 +90,6 @@ def main() -> None:
             if a.size:
                 assert a.ctypes.data - base.ctypes.data == offsets[k] and offsets[k] % ALIGN == 0, k
 
-    # 3. straight into shared memory, with SharedArrays as the allocator
-    got, shared = bcast_shared(comm, want if rank == 0 else None, chunk_bytes=args.chunk_bytes,
-                               prefix="galapagos_test")
-    check("shared", got, want)
-    if rank != 0:
-        assert shared is not None and shared.owner
-        assert os.path.exists(f"/dev/shm/{shared.name}")
-        attached = SharedArrays.attach(shared.descriptor())
-        check("attached", attached.arrays, want)
-        assert all(not a.flags.writeable for a in attached.arrays.values())
-        assert shared.buffer.ctypes.data % ALIGN == 0
-        attached.close()
-        shared.close()
-        assert not os.path.exists(f"/dev/shm/{shared.name}")
-    else:
-        assert shared is None
     comm.Barrier()
     print(f"BCAST_OK rank={rank}", flush=True)
 

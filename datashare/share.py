@@ -1,0 +1,453 @@
+"""Read once, send between nodes, map everywhere: a dataset into one shared-memory copy per node.
+
+Collective over the world communicator ``comm`` and ``node`` (the ranks of ``comm`` that share this node's memory):
+
+1. Rank 0 describes what is sent (a :class:`Plan`: HDF5 datasets, plus small arrays it holds in memory), and every
+   rank says what it needs: everything, nothing, or row ranges of some arrays (a subset). A node needs the
+   union of what its ranks need.
+2. Node leaders (local rank 0) form their own communicator; each makes one shared segment for its node,
+   checking first that the node has the room.
+3. Arrays are cut into pieces of at most ``chunk_bytes``. Reader leaders (rank 0's by default, or every leader, or
+   a count of them) read their pieces on a thread, straight into their node's segment, while the main thread
+   sends earlier pieces: one buffer ``Bcast`` over the leaders when every other node needs a piece, sends to just
+   the nodes that need it otherwise. A piece that travels carries CRC-32 checksums computed by its reader and
+   verified on arrival, on threads, while the next piece is received.
+4. Leaders agree on errors; then the ranks of each node map the segment read-only and its name is removed, so the
+   memory lives exactly as long as the processes that use it.
+
+Nothing but the readers opens the file. Sizes and offsets are Python ints and every MPI count is one chunk
+(below 2**31), so arrays of any size work with MPI libraries limited to ``int`` counts. This module never imports
+mpi4py: callers pass communicators with mpi4py semantics.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import queue
+import socket
+import threading
+import time
+import zlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+import h5py
+import numpy as np
+
+from .broadcast import MAX_COUNT
+from .format import DatasetInfo, _y_dtype, carve_indices, check_values, inspect
+from .shm import SharedArrays
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DataShareError", "Source", "Plan", "Shared", "share", "dataset_plan", "open_shared", "checksum"]
+
+TAG = 23
+DEPTH = 4  # pieces a reader may read ahead of the sending
+CRC_BLOCK = 16 << 20  # bytes per CRC-32: the blocks of one piece are checksummed in parallel
+
+
+class DataShareError(RuntimeError):
+    """The data could not be delivered; the message names the piece, the rank and what went wrong."""
+
+
+@dataclass(frozen=True)
+class Source:
+    """One array to deliver: read from an HDF5 dataset, or (``dataset=None``) held in memory by rank 0."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    dataset: str | None = None
+
+    @property
+    def row_bytes(self) -> int:
+        return math.prod(self.shape[1:]) * np.dtype(self.dtype).itemsize
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What rank 0 sends: the file, its arrays, and how (chunk size, which leaders read)."""
+
+    path: str | None
+    sources: tuple[Source, ...]
+    info: DatasetInfo | None = None  # when given, readers check values (NaN, labels) of every piece they read
+    chunk_bytes: int = 64 << 20
+    readers: int | str = 1  # how many node leaders read the file: a count, or "node" for every one
+
+    @classmethod
+    def of_arrays(cls, arrays: Mapping[str, np.ndarray], **kw: Any) -> "Plan":
+        return cls(None, tuple(Source(k, tuple(np.shape(a)), np.asarray(a).dtype.str) for k, a in arrays.items()),
+                   **kw)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(s.shape[0] * s.row_bytes if s.shape else np.dtype(s.dtype).itemsize for s in self.sources)
+
+
+def dataset_plan(path: str, splits: Iterable[str] = ("train", "val"), *, val_fraction: float = 0.1, seed: int = 0,
+                 **kw: Any) -> tuple[Plan, dict[str, np.ndarray], DatasetInfo]:
+    """The plan that delivers ``splits`` of a dataset file as ``split/x`` and ``split/y``, and what rank 0 adds.
+
+    Without a val split in the file, ``train/x`` and ``train/y`` hold the file's whole train split and
+    ``train/index`` / ``val/index`` (computed here, sent from memory) say which rows belong to which split.
+    """
+    info = inspect(path)
+    wanted = list(dict.fromkeys(splits))
+    carve = "val" in wanted and "val" not in info.splits
+    reads = [s for s in info.splits if s in wanted or (carve and s == "train")]
+    sources, memory, sizes = [], {}, {}
+    for split in reads:
+        n = info.splits[split]
+        sources.append(Source(f"{split}/x", (n, *info.sample_shape), info.x_dtype, f"/{split}/x"))
+        sources.append(Source(f"{split}/y", (n, *((info.num_targets,) if info.task == "regression" else ())),
+                              _y_dtype(info).str, f"/{split}/y"))
+        sizes[split] = n
+    if carve:
+        try:
+            train_idx, val_idx = carve_indices(info.splits["train"], val_fraction=val_fraction, seed=seed)
+        except ValueError as exc:
+            raise DataShareError(f"{path}: /train: {exc}") from None
+        memory = {"train/index": train_idx, "val/index": val_idx}
+        sources += [Source(k, a.shape, a.dtype.str) for k, a in memory.items()]
+        sizes.update(train=len(train_idx), val=len(val_idx))
+        log.info("%s: no val split; carving %d of %d train samples (seed %d)", path, len(val_idx),
+                 info.splits["train"], seed)
+    info = dataclasses.replace(info, splits={s: sizes[s] for s in sizes if s in wanted}, val_from_train=carve)
+    return Plan(str(path), tuple(sources), info, **kw), memory, info
+
+
+# -- checksums --------------------------------------------------------------------------------------------------
+_pool: ThreadPoolExecutor | None = None
+
+
+def _crc_pool() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        _pool = ThreadPoolExecutor(max_workers=max(1, min(4, cores)), thread_name_prefix="crc32")
+    return _pool
+
+
+def checksum(buf: np.ndarray) -> tuple[int, ...]:
+    """CRC-32 of each 16 MiB block of a flat byte array (zlib releases the GIL, so blocks run in parallel)."""
+    blocks = [buf[i:i + CRC_BLOCK] for i in range(0, buf.nbytes, CRC_BLOCK)]
+    if len(blocks) <= 1:
+        return (zlib.crc32(buf),)
+    return tuple(_crc_pool().map(zlib.crc32, blocks))
+
+
+# -- requests and pieces ----------------------------------------------------------------------------------------
+def _request(plan: Plan, want: Mapping[str, Any] | None) -> dict[str, tuple[int, int]]:
+    """A rank's request as {array: (first row, end row)}; None means every array whole."""
+    full = {s.name: (0, s.shape[0] if s.shape else 1) for s in plan.sources}
+    if want is None:
+        return full
+    out = {}
+    for name, rows in want.items():
+        if name not in full:
+            raise DataShareError(f"requested array {name!r} is not shared (there are: {', '.join(full)})")
+        a, b = full[name] if rows is None else (int(rows[0]), int(rows[1]))
+        if not 0 <= a <= b <= full[name][1]:
+            raise DataShareError(f"requested rows {a}:{b} of {name!r}, which has {full[name][1]}")
+        out[name] = (a, b)
+    return out
+
+
+def _union(requests: Iterable[Mapping[str, tuple[int, int]]]) -> dict[str, tuple[int, int]]:
+    """What a node needs: per array, the rows covering every local request."""
+    out: dict[str, tuple[int, int]] = {}
+    for req in requests:
+        for name, (a, b) in req.items():
+            lo, hi = out.get(name, (a, b))
+            out[name] = (min(lo, a), max(hi, b))
+    return out
+
+
+@dataclass(frozen=True)
+class Piece:
+    index: int
+    source: int  # index into plan.sources
+    rows: tuple[int, int]
+    reader: int  # leader rank that reads it
+    needers: tuple[int, ...]  # leader ranks whose node needs it
+
+
+def _reader_ranks(readers: int | str, leaders: int) -> list[int]:
+    if readers == "node":
+        return list(range(leaders))
+    k = max(1, min(int(readers), leaders))
+    return sorted({i * leaders // k for i in range(k)})
+
+
+def _pieces(plan: Plan, needs: list[dict[str, tuple[int, int]]]) -> list[Piece]:
+    """Cut every array into pieces of at most chunk_bytes (and at every node's request edges), each with a reader."""
+    readers = _reader_ranks(plan.readers, len(needs))
+    out: list[Piece] = []
+    for si, s in enumerate(plan.sources):
+        n = s.shape[0] if s.shape else 1
+        step = max(1, plan.chunk_bytes // max(1, s.row_bytes))
+        cuts = set(range(0, n, step)) | {n}
+        for need in needs:
+            cuts.update(need.get(s.name, ()))
+        cuts = sorted(cuts)
+        for a, b in zip(cuts, cuts[1:]):
+            needers = tuple(i for i, need in enumerate(needs)
+                            if s.name in need and need[s.name][0] <= a and b <= need[s.name][1])
+            if not needers:
+                continue
+            reader = 0 if s.dataset is None else readers[len(out) % len(readers)]
+            out.append(Piece(len(out), si, (a, b), reader, needers))
+    return out
+
+
+# -- one node's segment ------------------------------------------------------------------------------------------
+def _node_specs(plan: Plan, need: Mapping[str, tuple[int, int]]) -> list[tuple[str, tuple[int, ...], str]]:
+    return [(s.name, ((need[s.name][1] - need[s.name][0]), *s.shape[1:]) if s.shape else (), s.dtype)
+            for s in plan.sources if s.name in need]
+
+
+def _piece_bytes(buffer: np.ndarray, offsets: Mapping[str, int], need: Mapping[str, tuple[int, int]],
+                 s: Source, rows: tuple[int, int]) -> np.ndarray:
+    start = offsets[s.name] + (rows[0] - need[s.name][0]) * s.row_bytes
+    return buffer[start:start + (rows[1] - rows[0]) * s.row_bytes]
+
+
+def _typed(raw: np.ndarray, s: Source, rows: tuple[int, int]) -> np.ndarray:
+    shape = (rows[1] - rows[0], *s.shape[1:]) if s.shape else ()
+    return raw.view(np.dtype(s.dtype)).reshape(shape)
+
+
+class _Reader(threading.Thread):
+    """Reads this leader's pieces in order, ahead of the sending, and checksums the ones that travel."""
+
+    def __init__(self, plan: Plan, pieces: list[Piece], target, memory: Mapping[str, np.ndarray] | None):
+        super().__init__(name="datashare-reader", daemon=True)
+        self.plan, self.pieces, self.target, self.memory = plan, pieces, target, memory or {}
+        self.out: queue.Queue = queue.Queue(maxsize=DEPTH)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        f = None
+        try:
+            for p in self.pieces:
+                if self.stop.is_set():
+                    return
+                s = self.plan.sources[p.source]
+                raw, err, crc = self.target(p), None, ()
+                try:
+                    if s.dataset is not None and f is None:
+                        f = h5py.File(self.plan.path, "r")
+                    self._read(f, s, p, _typed(raw, s, p.rows))
+                    if any(i != p.reader for i in p.needers):  # it travels
+                        crc = checksum(raw)
+                except Exception as exc:  # the error travels in the piece's header; no rank is left waiting
+                    err = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+                self.out.put((p.index, raw, crc, err))
+        finally:
+            if f is not None:
+                f.close()
+
+    def _read(self, f: h5py.File | None, s: Source, p: Piece, dest: np.ndarray) -> None:
+        a, b = p.rows
+        if s.dataset is None:
+            src = np.asarray(self.memory[s.name])
+            dest[...] = src[a:b] if s.shape else src
+            return
+        if b > a:
+            f[s.dataset].read_direct(dest, source_sel=np.s_[a:b])
+        info = self.plan.info
+        if info is not None:
+            split, part = s.name.split("/")
+            check_values(info, split, dest if part == "x" else None, dest if part == "y" else None, offset=a)
+
+
+def _subchunks(raw: np.ndarray, chunk: int) -> Iterable[np.ndarray]:
+    for i in range(0, raw.nbytes, chunk):
+        yield raw[i:i + chunk]
+
+
+def _transfer(plan: Plan, pieces: list[Piece], leaders: Any, segment: SharedArrays | None,
+              need: Mapping[str, tuple[int, int]], memory, leader_ranks: list[int]) -> list[str]:
+    """Move every piece to the leaders that need it; returns this leader's errors."""
+    me, size = leaders.Get_rank(), leaders.Get_size()
+    chunk = max(1, min(int(plan.chunk_bytes), MAX_COUNT))
+    offsets = segment.offsets if segment is not None else {}
+
+    def target(p: Piece) -> np.ndarray:
+        s = plan.sources[p.source]
+        if me in p.needers:
+            return _piece_bytes(segment.buffer, offsets, need, s, p.rows)
+        return np.empty((p.rows[1] - p.rows[0]) * s.row_bytes if s.shape else s.row_bytes, np.uint8)
+
+    mine = [p for p in pieces if p.reader == me]
+    reader = _Reader(plan, mine, target, memory) if mine else None
+    if reader is not None:
+        reader.start()
+    errors: list[str] = []
+    checks: list[tuple[Piece, tuple[int, ...], Future]] = []
+    verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
+    host = socket.gethostname()
+    try:
+        for p in pieces:
+            s = plan.sources[p.source]
+            where = f"piece {p.index} ({s.name} rows {p.rows[0]}:{p.rows[1]}, read by rank {leader_ranks[p.reader]})"
+            to = [i for i in p.needers if i != p.reader]
+            if me == p.reader:
+                index, raw, crc, err = reader.out.get()
+                assert index == p.index, (index, p.index)
+                if err:
+                    errors.append(f"{where}: {err}")
+                header = (crc, err)
+            elif me in to:
+                raw = target(p)
+            else:
+                continue
+            if not to:
+                continue
+            if len(to) == size - 1:  # every other node: one broadcast tree
+                header = leaders.bcast(header if me == p.reader else None, root=p.reader)
+                if header[1] is None:
+                    for part in _subchunks(raw, chunk):
+                        leaders.Bcast(part, root=p.reader)
+            elif me == p.reader:
+                for dest in to:
+                    leaders.send(header, dest=dest, tag=TAG)
+                    if header[1] is None:
+                        for part in _subchunks(raw, chunk):
+                            leaders.Send(part, dest=dest, tag=TAG)
+            else:
+                header = leaders.recv(source=p.reader, tag=TAG)
+                if header[1] is None:
+                    for part in _subchunks(raw, chunk):
+                        leaders.Recv(part, source=p.reader, tag=TAG)
+            if me != p.reader and header[1] is None:
+                checks.append((p, header[0], verifier.submit(checksum, raw)))
+        for p, want, got in checks:
+            if tuple(got.result()) != tuple(want):
+                s = plan.sources[p.source]
+                bad = [i for i, (w, g) in enumerate(zip(want, got.result())) if w != g]
+                errors.append(f"piece {p.index} ({s.name} rows {p.rows[0]}:{p.rows[1]}, read by rank "
+                              f"{leader_ranks[p.reader]}) arrived corrupted on rank {leader_ranks[me]} ({host}): "
+                              f"CRC-32 mismatch in {len(bad)} of {len(want)} block(s), first at byte "
+                              f"{bad[0] * CRC_BLOCK}")
+    finally:
+        verifier.shutdown(wait=True)
+        if reader is not None:
+            reader.stop.set()
+            while reader.is_alive():  # drain so a reader blocked on a full queue can see the stop
+                try:
+                    reader.out.get(timeout=0.05)
+                except queue.Empty:
+                    pass
+    return errors
+
+
+# -- what every rank gets --------------------------------------------------------------------------------------
+class Shared:
+    """This rank's view of its node's shared copy: ``arrays`` (its request only), ``descriptor()`` for children."""
+
+    def __init__(self, segment: SharedArrays | None, rows: Mapping[str, tuple[int, int]]):
+        self.segment, self.rows = segment, dict(rows)
+        self.arrays = _select(segment.arrays, self.rows) if segment is not None else {}
+
+    def descriptor(self) -> dict | None:
+        """What a child process started with ``pass_fds=[d['fd']]`` passes to :func:`open_shared`."""
+        if self.segment is None:
+            return None
+        return {**self.segment.descriptor(), "rows": self.rows}
+
+    @property
+    def nbytes(self) -> int:
+        return self.segment.nbytes if self.segment is not None else 0
+
+    def close(self) -> None:
+        self.arrays = {}
+        if self.segment is not None:
+            self.segment.close()
+
+    def __enter__(self) -> "Shared":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _select(arrays: Mapping[str, np.ndarray], rows: Mapping[str, tuple[int, int]]) -> dict[str, np.ndarray]:
+    return {k: arrays[k][a:b] if arrays[k].ndim else arrays[k] for k, (a, b) in rows.items()}
+
+
+def open_shared(descriptor: Mapping[str, Any]) -> tuple[SharedArrays, dict[str, np.ndarray]]:
+    """In a child process: map the segment read-only and return it with the parent rank's arrays."""
+    sa = SharedArrays.attach(descriptor)
+    return sa, _select(sa.arrays, descriptor["rows"])
+
+
+def _agree(comm: Any, errors: list[str]) -> list[str]:
+    return [e for errs in comm.allgather(errors) for e in errs]
+
+
+def share(comm: Any, node: Any, plan: Plan | None = None, *, memory: Mapping[str, np.ndarray] | None = None,
+          want: Mapping[str, Any] | None = None, prefix: str = "galapagos") -> Shared:
+    """Deliver ``plan`` (given on rank 0, with ``memory`` for its in-memory arrays) to every rank; collective.
+
+    ``want``: None for every array whole, ``{}`` for nothing (e.g. the master), or ``{name: (start, stop) | None}``.
+    Raises :class:`DataShareError` on every rank if any rank fails, with every reason.
+    """
+    t0 = time.perf_counter()
+    rank = comm.Get_rank()
+    if rank == 0:
+        plan = plan if plan is not None else "rank 0 passed no plan"
+    plan = comm.bcast(plan, root=0)
+    if isinstance(plan, str):
+        raise DataShareError(plan)
+    is_leader = node.Get_rank() == 0
+    leaders = comm.Split(0 if is_leader else 1, rank)
+    try:
+        try:
+            request, req_error = _request(plan, want), None
+        except DataShareError as exc:
+            request, req_error = {}, f"rank {rank}: {exc}"
+        requests = node.gather((request, req_error), root=0)
+        segment, result = None, None
+        if is_leader:
+            errors = [e for _, e in requests if e]
+            need = _union(r for r, _ in requests)
+            try:
+                if not errors:
+                    segment = SharedArrays.create(_node_specs(plan, need), prefix=prefix)
+            except OSError as exc:
+                errors.append(f"rank {rank}: {exc}")
+            errors = _agree(leaders, errors)
+            if not errors:
+                needs = leaders.allgather(need)
+                leader_ranks = leaders.allgather(rank)
+                pieces = _pieces(plan, needs)
+                errors = _agree(leaders, _transfer(plan, pieces, leaders, segment, need, memory if rank == 0
+                                                   else None, leader_ranks))
+            if errors and segment is not None:
+                segment.close()
+                segment = None
+            result = (segment.descriptor() if segment else None, errors, need)
+        descriptor, errors, need = node.bcast(result, root=0)
+        if errors:
+            more = f"; and {len(errors) - 3} more" if len(errors) > 3 else ""
+            raise DataShareError("data sharing failed: " + "; ".join(errors[:3]) + more)
+        if not is_leader and request:
+            segment = SharedArrays.attach(descriptor)
+        rows = {k: (a - need[k][0], b - need[k][0]) for k, (a, b) in request.items()}
+        node.gather(None, root=0)  # every local rank has mapped it (or needs nothing): the name can go
+        if is_leader and segment is not None:
+            segment.unlink()
+        shared = Shared(segment, rows)  # a leader keeps its node's copy alive even when it needs none of it
+        if rank == 0:
+            dt = time.perf_counter() - t0
+            log.info("shared %.1f MiB with %d rank(s) on %d node(s) in %.2f s (%.0f MiB/s)", plan.nbytes / 2**20,
+                     comm.Get_size(), leaders.Get_size() if is_leader else 0, dt, plan.nbytes / 2**20 / max(dt, 1e-9))
+        return shared
+    finally:
+        leaders.Free()
+

@@ -1,0 +1,104 @@
+"""Read once, two-level broadcast, one shared copy per node: datashare.share over real MPI ranks.
+
+GALAPAGOS_RANKS_PER_NODE makes one machine look like several nodes, so the leader-to-leader paths (broadcast,
+point-to-point subsets, checksums) run for real.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from datashare.format import write_dataset
+from datashare.shm import remove_stale
+from mpirun import assert_ranks, describe_run, run_mpi
+
+SCRIPT = Path(__file__).parent / "mpi_scripts" / "share_check.py"
+pytestmark = pytest.mark.mpi
+
+
+def _run(n: int, per_node: int, *args: str, timeout: float = 120):
+    return run_mpi(n, [SCRIPT, *args], timeout=timeout, env={"GALAPAGOS_RANKS_PER_NODE": str(per_node)})
+
+
+@pytest.mark.parametrize("n,per_node,readers", [(2, 2, "1"), (4, 1, "1"), (4, 2, "node"), (3, 1, "2")],
+                         ids=["one-node", "four-nodes", "two-nodes-every-leader-reads", "three-nodes-two-readers"])
+def test_every_dtype_and_rank_bit_exact_on_every_rank(n, per_node, readers):
+    assert_ranks(_run(n, per_node, "exact", "--readers", readers), n, "CASE_OK")
+
+
+@pytest.fixture
+def dataset(tmp_path) -> str:
+    rng = np.random.default_rng(5)
+    path = tmp_path / "d.h5"
+    write_dataset(path, {"train": (rng.standard_normal((301, 2, 5, 3)).astype("float32"), rng.integers(0, 4, 301)),
+                         "test": (rng.standard_normal((57, 2, 5, 3)).astype("float32"), rng.integers(0, 4, 57))},
+                  task="classification", num_classes=4)
+    return str(path)
+
+
+def test_file_read_by_every_node_leader_matches_a_plain_load_with_carved_val(dataset):
+    assert_ranks(_run(4, 2, "file", "--file", dataset), 4, "CASE_OK")
+
+
+def test_subsets_reach_only_the_nodes_that_ask(dataset):
+    assert_ranks(_run(4, 2, "subset"), 4, "CASE_OK")
+
+
+def test_corrupted_piece_is_an_error_naming_piece_and_rank_on_every_rank():
+    proc = _run(3, 1, "corrupt")
+    for rank in range(3):
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith(f"SHARE_ERROR rank={rank}:")), None)
+        assert line is not None, describe_run(proc)
+        assert "piece 0 (x rows 0:1024, read by rank 0) arrived corrupted on rank 2" in line, line
+        assert "CRC-32 mismatch" in line
+    assert "CASE_OK" not in proc.stdout
+
+
+def test_bad_values_found_by_the_reader_stop_every_rank(tmp_path):
+    path = tmp_path / "nan.h5"
+    x = np.ones((40, 3), np.float32)
+    x[33, 1] = np.nan
+    with h5py.File(path, "w") as f:
+        f.attrs["task"], f.attrs["num_classes"] = "classification", 2
+        f["train/x"], f["train/y"] = x, np.zeros(40, np.int64)
+    proc = _run(3, 1, "nan", "--file", str(path))
+    for rank in range(3):
+        assert f"SHARE_ERROR rank={rank}:" in proc.stdout, describe_run(proc)
+    assert "/train/x: non-finite value (nan) in sample 33" in proc.stdout
+
+
+def _segments(prefix: str) -> list[str]:
+    return [n for n in os.listdir("/dev/shm") if n.startswith(prefix + "_")]
+
+
+@pytest.mark.parametrize("when", ["after", "during"])
+def test_a_killed_rank_leaves_no_shared_memory_behind(when):
+    prefix = f"galapagostest{os.getpid()}{when}"
+    proc = _run(4, 2, "crash", "--prefix", prefix, "--when", when, timeout=90)
+    assert proc.returncode != 0, describe_run(proc)
+    if when == "after":  # names are removed as soon as every rank mapped the data: nothing can leak
+        assert "CRASHING rank=3" in proc.stdout, describe_run(proc)
+        assert _segments(prefix) == []
+    else:  # killed mid-transfer, before the names went: the next start removes what dead creators left
+        assert "CRASHING" not in proc.stdout, describe_run(proc)
+        left = _segments(prefix)
+        assert left, "expected the segments of the killed job to be there still"
+        assert sorted(remove_stale(prefix)) == sorted(left)
+        assert _segments(prefix) == []
+
+
+@pytest.mark.slow
+def test_array_over_2_gib_between_two_nodes(tmp_path):
+    path = tmp_path / "big.h5"
+    rows, row = 2200, 1 << 20  # 2.15 GiB of uint8
+    with h5py.File(path, "w") as f:
+        d = f.create_dataset("big", (rows, row), np.uint8)
+        block = 200
+        for a in range(0, rows, block):
+            b = min(rows, a + block)
+            d[a:b] = (np.arange(a * row, b * row, dtype=np.int64) % 251).astype(np.uint8).reshape(b - a, row)
+    assert_ranks(_run(2, 1, "large", "--file", str(path), timeout=300), 2, "CASE_OK")
