@@ -386,6 +386,15 @@ def open_shared(descriptor: Mapping[str, Any]) -> tuple[SharedArrays, dict[str, 
     return sa, _select(sa.arrays, descriptor["rows"])
 
 
+def _polite_recv(node: Any) -> Any:
+    """Wait for the node leader with short sleeps: a blocking receive would spin on the core the reader needs."""
+    pause = 1e-5
+    while not node.iprobe(source=0, tag=TAG):
+        time.sleep(pause)
+        pause = min(0.01, pause * 2)
+    return node.recv(source=0, tag=TAG)
+
+
 def _agree(comm: Any, errors: list[str]) -> list[str]:
     return [e for errs in comm.allgather(errors) for e in errs]
 
@@ -432,21 +441,31 @@ def share(comm: Any, node: Any, plan: Plan | None = None, *, memory: Mapping[str
                 segment.close()
                 segment = None
             result = (segment.descriptor() if segment else None, errors, need)
-        descriptor, errors, need = node.bcast(result, root=0)
+            for local in range(1, node.Get_size()):
+                node.send(result, dest=local, tag=TAG)
+        else:
+            result = _polite_recv(node)
+        descriptor, errors, need = result
         if errors:
             more = f"; and {len(errors) - 3} more" if len(errors) > 3 else ""
             raise DataShareError("data sharing failed: " + "; ".join(errors[:3]) + more)
+        attach_error = None
         if not is_leader and request:
-            segment = SharedArrays.attach(descriptor)
-        rows = {k: (a - need[k][0], b - need[k][0]) for k, (a, b) in request.items()}
+            try:
+                segment = SharedArrays.attach(descriptor)
+            except OSError as exc:
+                attach_error = f"rank {rank}: {exc}"
         node.gather(None, root=0)  # every local rank has mapped it (or needs nothing): the name can go
         if is_leader and segment is not None:
             segment.unlink()
+        if attach_error:
+            raise DataShareError(attach_error)
+        rows = {k: (a - need[k][0], b - need[k][0]) for k, (a, b) in request.items()}
         shared = Shared(segment, rows)  # a leader keeps its node's copy alive even when it needs none of it
         if rank == 0:
             dt = time.perf_counter() - t0
             log.info("shared %.1f MiB with %d rank(s) on %d node(s) in %.2f s (%.0f MiB/s)", plan.nbytes / 2**20,
-                     comm.Get_size(), leaders.Get_size() if is_leader else 0, dt, plan.nbytes / 2**20 / max(dt, 1e-9))
+                     comm.Get_size(), leaders.Get_size(), dt, plan.nbytes / 2**20 / max(dt, 1e-9))
         return shared
     finally:
         leaders.Free()

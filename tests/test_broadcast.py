@@ -184,3 +184,30 @@ def test_remove_stale_unlinks_segments_of_dead_processes_only(tmp_path):
         (tmp_path / name).write_bytes(b"x")
     assert remove_stale(directory=str(tmp_path)) == [f"galapagos_{dead.pid}_dead"]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([f"galapagos_{os.getpid()}_live", "other_1_x"])
+
+
+def test_too_little_shared_memory_is_refused_before_allocating_with_the_numbers() -> None:
+    from datashare.shm import SharedMemoryError, free_bytes
+
+    huge = free_bytes() + (1 << 40)
+    before = set(os.listdir("/dev/shm"))
+    with pytest.raises(SharedMemoryError, match=r"/dev/shm has [\d.]+ GiB free, the dataset needs [\d.]+ GiB"):
+        SharedArrays.create([("x", (huge,), "uint8")], prefix="galapagos_test")
+    assert set(os.listdir("/dev/shm")) - before == set()
+
+
+def test_child_maps_segment_through_inherited_descriptor_after_the_name_is_gone() -> None:
+    with SharedArrays.create(SPECS, prefix="galapagos_test") as sa:
+        want = _fill(sa, seed=5)
+        d = sa.descriptor()
+        sa.unlink()
+        assert not (Path("/dev/shm") / sa.name).exists()
+        code = textwrap.dedent(f"""
+            from datashare.shm import SharedArrays
+            sa = SharedArrays.attach({d!r})
+            print("SUM", sa.arrays["y"].sum())
+        """)
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO,
+                              pass_fds=[d["fd"]])
+        assert proc.returncode == 0, describe_run(proc)
+        assert f"SUM {want['y'].sum()}" in proc.stdout

@@ -1,0 +1,152 @@
+"""Getting one dataset to every rank: each rank reading the file, datashare, and the copy floor, in one run.
+
+    python -m bench.datashare --gib 1 --ranks 2 4 8
+
+On the same HDF5 file (in the page cache, so the file system is not what is measured) and the same ranks:
+(a) naive: every rank opens the file and reads every array itself; (b) datashare: rank 0 reads it once into the
+node's shared copy that every rank maps; (b') the same with every rank pretending to be its own node
+(GALAPAGOS_RANKS_PER_NODE=1), so each byte also crosses MPI to every "node" leader and is checksummed; (c) the
+floor: one numpy.copyto of the same bytes into fresh memory, in one process. Reported: time until every rank can
+read all of the data (each rank touches every page), bytes per second, and memory summed over ranks as
+proportional set size (shared pages counted once across the ranks that map them) and as peak RSS.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+PAGE = 4096
+
+
+def _memory() -> tuple[int, int]:
+    """(PSS, peak RSS) of this process in bytes."""
+    pss = 0
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Pss:"):
+                pss = int(line.split()[1]) * 1024
+    with open("/proc/self/status") as f:
+        hwm = next(int(ln.split()[1]) * 1024 for ln in f if ln.startswith("VmHWM:"))
+    return pss, hwm
+
+
+def _touch(arrays) -> int:
+    """Read one byte of every page, as training would: mapped data counts only once it is reachable."""
+    total = 0
+    for a in arrays.values():
+        flat = np.asarray(a).reshape(-1).view(np.uint8)
+        total += int(flat[::PAGE].sum())
+    return total
+
+
+def rank_main(mode: str, path: str, chunk_mib: int) -> None:
+    """One rank of a measured job: get the data, touch it, report the time and memory."""
+    from datashare.format import _open
+    from datashare.share import dataset_plan, share
+    from launch.mpi import node_comm, world
+
+    comm = world()
+    node = node_comm(comm)
+    comm.Barrier()
+    t0 = time.perf_counter()
+    holder = None
+    if mode == "naive":
+        with _open(path) as f:
+            arrays = {f"{g}/{k}": f[g][k][()] for g in f for k in ("x", "y")}
+    else:
+        plan, memory, _ = dataset_plan(path, ("train",), chunk_bytes=chunk_mib << 20)
+        holder = share(comm, node, plan if comm.rank == 0 else None, memory=memory)
+        arrays = holder.arrays
+    _touch(arrays)
+    comm.Barrier()
+    elapsed = time.perf_counter() - t0
+    nbytes = sum(a.nbytes for a in arrays.values())
+    pss, hwm = _memory()
+    rows = comm.gather((elapsed, nbytes, pss, hwm), root=0)
+    if comm.rank == 0:
+        print("RESULT " + json.dumps({"seconds": max(r[0] for r in rows), "bytes": rows[0][1],
+                                      "pss": sum(r[2] for r in rows), "peak_rss": sum(r[3] for r in rows)}))
+    if holder is not None:
+        holder.close()
+
+
+def make_file(path: Path, gib: float) -> int:
+    """A classification dataset of about `gib` GiB (float32 images), written in blocks."""
+    from datashare.format import write_dataset
+
+    rows = int(gib * 2**30) // (4 * 64 * 64 * 4)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((rows, 4, 64, 64), dtype=np.float32)
+    write_dataset(path, {"train": (x, rng.integers(0, 10, rows))}, task="classification", num_classes=10)
+    return x.nbytes + rows * 8
+
+
+def floor(nbytes: int) -> dict:
+    src = np.ones(nbytes, np.uint8)
+    t0 = time.perf_counter()
+    dst = np.empty_like(src)
+    np.copyto(dst, src)
+    fresh = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    np.copyto(dst, src)
+    warm = time.perf_counter() - t0
+    return {"seconds": fresh, "warm_seconds": warm}
+
+
+def run(ranks: int, mode: str, path: Path, chunk_mib: int) -> dict:
+    from launch.mpi import mpiexec
+
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    if mode == "datashare-nodes":
+        env["GALAPAGOS_RANKS_PER_NODE"] = "1"
+    cmd = [mpiexec(), "-n", str(ranks), sys.executable, "-m", "bench.datashare", "--rank-mode",
+           mode.split("-")[0], "--file", str(path), "--chunk-mib", str(chunk_mib)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=900)
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if proc.returncode or line is None:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return json.loads(line[7:])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--gib", type=float, default=1.0)
+    p.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
+    p.add_argument("--chunk-mib", type=int, default=64)
+    p.add_argument("--nodes-up-to", type=int, default=4, help="run the one-rank-per-node variant up to this many ranks")
+    p.add_argument("--rank-mode", help=argparse.SUPPRESS)
+    p.add_argument("--file", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.rank_mode:
+        return rank_main(args.rank_mode, args.file, args.chunk_mib)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/tmp")) as tmp:
+        path = Path(tmp) / "bench.h5"
+        nbytes = make_file(path, args.gib)
+        subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)  # into the page cache
+        base = floor(nbytes)
+        gib = nbytes / 2**30
+        print(f"{gib:.2f} GiB of data; copy floor (one numpy.copyto into fresh memory): {base['seconds']:.3f} s "
+              f"({gib / base['seconds']:.2f} GiB/s; into warm memory {base['warm_seconds']:.3f} s)")
+        print("| ranks | method | seconds | GiB/s | x floor | memory summed (PSS) | peak RSS summed |")
+        print("|---|---|---|---|---|---|---|")
+        for ranks in args.ranks:
+            modes = ["naive", "datashare"] + (["datashare-nodes"] if ranks <= args.nodes_up_to else [])
+            for mode in modes:
+                r = run(ranks, mode, path, args.chunk_mib)
+                label = {"naive": "each rank reads the file", "datashare": "datashare, one node",
+                         "datashare-nodes": f"datashare, {ranks} nodes of 1 rank"}[mode]
+                print(f"| {ranks} | {label} | {r['seconds']:.3f} | {gib / r['seconds']:.2f} | "
+                      f"{r['seconds'] / base['seconds']:.2f} | {r['pss'] / 2**30:.2f} GiB | "
+                      f"{r['peak_rss'] / 2**30:.2f} GiB |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
