@@ -52,7 +52,7 @@ class SharedArrays:
         self._owner, self._name, self._fd = owner, name, fd
         self._linked = owner
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if owner else 0)
-        flags = mmap.MAP_SHARED | (0 if owner else getattr(mmap, "MAP_POPULATE", 0))  # readers: map pages at once
+        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # map every page now, not one fault at a time
         mm = mmap.mmap(fd, max(1, self._total), flags=flags, prot=prot)
         self._buffer: np.ndarray | None = np.frombuffer(mm, dtype=np.uint8, count=self._total)
         self._arrays: dict[str, np.ndarray] | None = views(self._buffer, specs)

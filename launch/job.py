@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from datashare.share import Plan, Shared, share
+from datashare.share import DataShareError, Plan, Shared, share
 from datashare.shm import remove_stale
 from launch.mpi import Backoff, node_comm
 from launch.placement import Placement, place
@@ -23,6 +23,8 @@ from launch.runtime import TAG, TaskSource, master_serve, worker_serve
 from launch.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+
+EXIT_BAD_INPUT = 2  # as the command's own exit code for bad input, so the job's code is 2 as well
 
 
 @dataclass(frozen=True)
@@ -82,7 +84,7 @@ def worker_main(comm: Any) -> int:
         backoff.sleep()
     setup = msg.recv()
     if isinstance(setup, str):
-        return 1  # the master could not start; it says why
+        return EXIT_BAD_INPUT  # the master could not start; it says why
     # A launcher ends a job with SIGTERM: exit through `finally`, so the shared segment is released.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     remove_stale()
@@ -90,6 +92,8 @@ def worker_main(comm: Any) -> int:
     try:
         placement = _placement(comm, node)
         shared = share(comm, node)
+    except DataShareError:
+        return EXIT_BAD_INPUT  # every rank has the same error; the master reports it
     finally:
         node.Free()
     log_path = None

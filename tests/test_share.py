@@ -102,3 +102,18 @@ def test_array_over_2_gib_between_two_nodes(tmp_path):
             b = min(rows, a + block)
             d[a:b] = (np.arange(a * row, b * row, dtype=np.int64) % 251).astype(np.uint8).reshape(b - a, row)
     assert_ranks(_run(2, 1, "large", "--file", str(path), timeout=300), 2, "CASE_OK")
+
+
+def test_evolve_on_a_file_with_a_nan_stops_with_one_line_and_code_2(tmp_path):
+    from test_evolve_run import galapagos
+
+    path = tmp_path / "nan.h5"
+    x = np.ones((60, 1, 4, 4), np.float32)
+    x[41, 0, 1, 1] = np.nan
+    with h5py.File(path, "w") as f:
+        f.attrs["task"], f.attrs["num_classes"] = "classification", 2
+        f["train/x"], f["train/y"] = x, np.zeros(60, np.int64)
+    proc = galapagos("evolve", "--data", path, "--out", tmp_path / "run", "--evaluations", 2, "--workers", 2)
+    assert proc.returncode == 2, describe_run(proc)
+    assert f"{path}: /train/x: non-finite value (nan) in sample 41" in proc.stderr
+    assert "Traceback" not in proc.stderr, proc.stderr
