@@ -288,7 +288,7 @@ def _transfer(plan: Plan, pieces: list[Piece], leaders: Any, segment: SharedArra
     if reader is not None:
         reader.start()
     errors: list[str] = []
-    checks: list[tuple[Piece, tuple[int, ...], Future]] = []
+    checks: list[tuple[Piece, tuple[int, ...], Future, np.ndarray]] = []
     verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
     host = socket.gethostname()
     try:
@@ -325,15 +325,15 @@ def _transfer(plan: Plan, pieces: list[Piece], leaders: Any, segment: SharedArra
                     for part in _subchunks(raw, chunk):
                         leaders.Recv(part, source=p.reader, tag=TAG)
             if me != p.reader and header[1] is None:
-                checks.append((p, header[0], verifier.submit(checksum, raw)))
-        for p, want, got in checks:
+                checks.append((p, header[0], verifier.submit(checksum, raw), raw))
+        for p, want, got, raw in checks:
             if tuple(got.result()) != tuple(want):
                 s = plan.sources[p.source]
                 bad = [i for i, (w, g) in enumerate(zip(want, got.result())) if w != g]
                 errors.append(f"piece {p.index} ({s.name} rows {p.rows[0]}:{p.rows[1]}, read by rank "
                               f"{leader_ranks[p.reader]}) arrived corrupted on rank {leader_ranks[me]} ({host}): "
-                              f"CRC-32 mismatch in {len(bad)} of {len(want)} block(s), first at byte "
-                              f"{bad[0] * CRC_BLOCK}")
+                              f"CRC-32 mismatch in {len(bad)} of {len(want)} block(s), the first covering bytes "
+                              f"{bad[0] * CRC_BLOCK}:{min(raw.nbytes, (bad[0] + 1) * CRC_BLOCK)} of the piece")
     finally:
         verifier.shutdown(wait=True)
         if reader is not None:

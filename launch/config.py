@@ -7,6 +7,7 @@ from pathlib import Path
 
 import tomli_w
 
+from ensemble.members import EnsembleConfig
 from evolve.engine import EvolutionConfig
 from evolve.errors import ConfigError
 from evolve.settings import from_table
@@ -28,7 +29,8 @@ class RunConfig:
     prune_min_results: int = 6  # finished candidates needed before pruning starts
     keep_models: int = 5  # weights of the top evaluations kept in models/
     task: str = "evolve.train:train_task"  # the function a trainer child runs for each candidate
-    chunk_mib: int = 64  # broadcast chunk size
+    chunk_mib: int = 64  # bytes per piece of the dataset sent between nodes
+    readers: int = 1  # node leaders that read the dataset file, each a disjoint part; 0 = every node's leader
     prefetch: int = -1  # tasks queued on a worker beyond the one it runs; -1 = one while tasks are short
 
     @classmethod
@@ -37,7 +39,7 @@ class RunConfig:
         checks = [("evaluations", cfg.evaluations >= 0), ("budget_minutes", cfg.budget_minutes >= 0),
                   ("task_timeout", cfg.task_timeout > 0), ("val_fraction", 0 < cfg.val_fraction < 1),
                   ("prune_after", cfg.prune_after >= 1), ("prune_min_results", cfg.prune_min_results >= 1),
-                  ("keep_models", cfg.keep_models >= 1), ("chunk_mib", cfg.chunk_mib >= 1),
+                  ("keep_models", cfg.keep_models >= 1), ("chunk_mib", 1 <= cfg.chunk_mib <= 2047), ("readers", cfg.readers >= 0),
                   ("prefetch", cfg.prefetch >= -1), ("task", ":" in cfg.task)]
         for key, ok in checks:
             if not ok:
@@ -45,7 +47,8 @@ class RunConfig:
         return cfg
 
 
-SECTIONS = {"space": SearchSpace, "evolution": EvolutionConfig, "train": TrainConfig, "run": RunConfig}
+SECTIONS = {"space": SearchSpace, "evolution": EvolutionConfig, "train": TrainConfig, "run": RunConfig,
+            "ensemble": EnsembleConfig}
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Config:
     evolution: EvolutionConfig
     train: TrainConfig
     run: RunConfig
+    ensemble: EnsembleConfig
 
     @classmethod
     def from_dict(cls, d: dict) -> "Config":

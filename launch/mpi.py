@@ -38,7 +38,10 @@ def node_comm(comm: Any) -> Any:
     """
     from mpi4py import MPI
 
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED, comm.rank)
+    # Grouped by host name rather than MPI_COMM_TYPE_SHARED: under Slurm's arbitrary distribution (the host list of
+    # `galapagos launch` job scripts) MPICH's PMI-2 gets no process map and would put every rank on a node alone.
+    names = comm.allgather(MPI.Get_processor_name())
+    node = comm.Split(sorted(set(names)).index(names[comm.rank]), comm.rank)
     per_node = int(os.environ.get("GALAPAGOS_RANKS_PER_NODE", "0") or 0)
     if per_node > 0:
         fake = node.Split(node.rank // per_node, comm.rank)

@@ -6,8 +6,12 @@ and sleeps briefly (Backoff) only when nothing happened, so it takes no CPU from
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol
 
 from launch.messages import CANCELLED, Cancel, Progress, Ready, Result, Stop, Task
@@ -57,10 +61,40 @@ class MasterState:
 
 SHORT_TASK = 1.0  # seconds: below this mean task time, dispatch latency matters and workers get a queued task
 
+# A scheduler warns a job ahead of its wall time with SIGUSR1 (Slurm --signal, LSF -wa, the job script's watchdog)
+# and ends it with SIGTERM. The master ends the run cleanly on either; workers ignore SIGUSR1 (its default action
+# kills) and leave when the master says STOP.
+STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
+_stop_signals: list[int] = []
+
+
+def catch_stop_signals() -> None:
+    """From now on SIGUSR1 and SIGTERM only record a request to stop (see stop_signal)."""
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, lambda s, frame: _stop_signals.append(s))
+
+
+def announce_ready(comm: Any) -> None:
+    """Under a `galapagos launch` job script: once every rank catches stop signals (all have passed
+    catch_stop_signals), tell the script, which only then passes a SIGUSR1 on (a rank still starting would die)."""
+    path = os.environ.get("GALAPAGOS_READY_FILE")
+    if path:
+        comm.Barrier()
+        if comm.rank == 0:
+            Path(path).touch()
+
+
+def stop_signal() -> str | None:
+    """The name of the first stop signal received, or None."""
+    return signal.Signals(_stop_signals[0]).name if _stop_signals else None
+
 
 def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None, prefetch: int | None = None,
-                 tick: float = 1.0) -> MasterState:
+                 tick: float = 1.0, stop: Callable[[], Any] | None = None) -> MasterState:
     """Run tasks from `source` on every other rank until it is finished or `deadline` (time.time()) passes.
+
+    `stop` (e.g. stop_signal) is polled: once it returns something true the run ends as at the deadline: running
+    tasks are cancelled (not recorded as evaluations, so a resumed run breeds afresh) and the workers stopped.
 
     `prefetch` tasks are kept queued on each worker beyond the one it runs, to hide dispatch latency. None means
     automatic: one while tasks are short (under SHORT_TASK seconds on average), else none, so that long tasks are
@@ -104,9 +138,15 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                 slots[obj.rank] = 0
         # 2. the end: deadline or budget
         now = time.time()
-        if not state.stopping and deadline is not None and now >= deadline:
+        why = None
+        if not state.stopping:
+            if deadline is not None and now >= deadline:
+                why = "time budget reached"
+            elif stop is not None and (reason := stop()):
+                why = f"stop requested ({reason})"
+        if why:
             state.stopping, cancelled_at = True, now
-            log.info("time budget reached: cancelling %d running task(s)", len(state.running))
+            log.info("%s: cancelling %d running task(s)", why, len(state.running))
             for task_id, (rank, _) in list(state.running.items()):
                 send(Cancel(task_id, CANCELLED), rank)
         if state.stopping and cancelled_at is not None and now - cancelled_at > STOP_GRACE:

@@ -62,3 +62,10 @@ def sleeper(payload, ctx):
     """Holds its worker for `payload` seconds without using the CPU."""
     time.sleep(payload)
     return {"fitness": 1.0}
+
+
+def aborts_task_1(payload, ctx):
+    """Task 1 (an ensemble's second member) aborts its trainer process; every other task trains for real."""
+    if ctx.task_id == 1:
+        os.abort()
+    return train_task(payload, ctx)

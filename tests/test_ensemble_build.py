@@ -1,0 +1,193 @@
+"""Ensembles end to end over real MPI ranks: design (evolve + ensemble + report), ensemble from a run, a crashed
+member, --resume, and bad inputs refused before any rank starts."""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ensemble.members import SEED_BASE, EnsembleConfig, choose_members
+from ensemble.store import EnsembleError, load_manifest, member_dir
+from examples import shapes
+from launch import cli
+from launch.predict import load_network
+from tests.mpirun import describe_run, run_mpi
+from tests.test_evolve_run import SMALL, galapagos, journal
+
+TINY = [*SMALL, "--set", "train.epochs=1", "--set", "space.max_layers=3"]
+
+
+@pytest.fixture(scope="module")
+def shapes_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "shapes.h5"
+    shapes.generate(path, samples=480, size=12, seed=2)
+    return path
+
+
+@pytest.fixture(scope="module")
+def design(shapes_file, tmp_path_factory) -> tuple[Path, str]:
+    """One `galapagos design` run (self-started, 2 workers): an evolution run with its ensemble, for every test."""
+    out = tmp_path_factory.mktemp("design") / "run"
+    proc = galapagos("design", "--data", shapes_file, "--out", out, "--workers", 2, "--evaluations", 4,
+                     "--members", 3, *TINY, timeout=240)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return out, proc.stdout
+
+
+def _record(i: int, fitness: float | None, key: str, status: str = "ok") -> dict:
+    return {"id": i, "fitness": fitness, "key": key, "status": status, "genome": {"k": key}}
+
+
+# -- the plan of members (no MPI) --------------------------------------------------------------------------------
+def test_members_by_strategy():
+    records = [_record(0, 0.5, "a"), _record(1, 0.9, "b"), _record(2, None, "c", "failed"), _record(3, 0.7, "d"),
+               _record(4, 0.6, "e", "pruned")]
+    distinct = choose_members(records, EnsembleConfig(members=4, strategy="distinct"), run="r")
+    assert [s.key for s in distinct] == ["b", "d", "a", "b"]  # best first; filled by retraining the best again
+    assert [s.origin["kind"] for s in distinct] == ["distinct"] * 3 + ["reseed"]
+    seeds = choose_members(records, EnsembleConfig(members=3, strategy="seeds"))
+    assert {s.key for s in seeds} == {"b"} and [s.origin["id"] for s in seeds] == [1, 1, 1]
+    mixed = choose_members(records, EnsembleConfig(members=5, strategy="mixed"))
+    assert [s.key for s in mixed] == ["b", "d", "a", "b", "b"]
+    for plan in (distinct, seeds, mixed):
+        assert len({s.seed for s in plan}) == len(plan) and all(s.seed >= SEED_BASE for s in plan)
+        assert len({s.name for s in plan}) == len(plan)
+    with pytest.raises(ValueError, match="no evaluation finished"):
+        choose_members([_record(0, None, "a", "crashed")], EnsembleConfig())
+
+
+# -- design, and an ensemble from its run --------------------------------------------------------------------------
+def test_design_end_to_end(design, shapes_file):
+    out, stdout = design
+    assert len(journal(out)) == 4 and (out / "best" / "model.pt").exists()
+    report = json.loads((out / "report.json").read_text())
+    assert report["split"] == "test" and report["task"] == "classification"
+    for key in ("best_single", "ensemble_metrics", "best_member"):
+        assert set(report[key]) >= {"accuracy", "nll", "ece"}, key
+    assert len(report["members"]) == 3 and report["status"] == {"ok": 3}
+    manifest = load_manifest(out / "ensemble")
+    assert sum(m.weight for m in manifest.used) == pytest.approx(1.0)
+    assert "design report on test" in stdout and "best single network" in stdout and "ensemble" in stdout
+    # the ensemble's members were trained longer than the search's candidates (twice train.epochs)
+    assert all(r["metrics"]["epochs"] == 2 for r in journal(out / "ensemble"))
+
+
+def test_ensemble_from_a_run_and_resume(design, shapes_file, tmp_path):
+    run, _ = design
+    out = tmp_path / "ens"
+    args = ["-m", "launch.cli", "ensemble", "--from", run, "--data", shapes_file, "--out", out, "--members", 4,
+            "--strategy", "distinct", "--set", "ensemble.max_rounds=10"]
+    proc = run_mpi(3, args, timeout=180)
+    assert proc.returncode == 0, describe_run(proc)
+    records = journal(out)
+    assert len(records) == 4 and all(r["status"] == "ok" for r in records)
+    assert {r["rank"] for r in records} <= {1, 2} and len({r["seed"] for r in records}) == 4
+    evaluated = {r["key"] for r in journal(run) if r["status"] == "ok"}
+    assert {r["key"] for r in records} <= evaluated
+    manifest = load_manifest(out)
+    assert [m.name for m in manifest.members] == [r["name"] for r in sorted(records, key=lambda r: r["id"])]
+    assert sum(m.weight for m in manifest.members) == pytest.approx(1.0)
+    assert manifest.selection["trace"] == sorted(manifest.selection["trace"], reverse=True)
+    assert len(manifest.selection["picks"]) <= 10
+    for m in manifest.members:
+        saved = json.loads((member_dir(out, m.name) / "metrics.json").read_text())
+        assert set(saved) >= {"problem", "fitness", "metrics", "params", "seed", "origin"} and saved["seed"] == m.seed
+        _, genome, problem = load_network(member_dir(out, m.name))  # a member directory is a network directory
+        assert problem == manifest.problem and genome.key == saved["key"]
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["selection"]["ensemble"] <= metrics["selection"]["single_best"]  # never worse than one member
+    assert metrics["val"]["ensemble"]["nll"] == pytest.approx(metrics["selection"]["ensemble"])
+    for split in ("val", "test"):
+        assert set(metrics[split]["members"]) == {m.name for m in manifest.members}
+        assert set(metrics[split]["ensemble"]) >= {"accuracy", "nll", "ece"}
+    assert "selection on val" in proc.stdout and "test (" in proc.stdout
+
+    # an interrupted build: the last member's line and files are gone, and no manifest was written
+    lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
+    last = json.loads(lines[-1])
+    (out / "results.jsonl").write_text("".join(lines[:-1]))
+    shutil.rmtree(member_dir(out, last["name"]))
+    (out / "ensemble.json").unlink()
+    proc = run_mpi(3, ["-m", "launch.cli", "ensemble", "--from", run, "--data", shapes_file, "--out", out,
+                       "--resume"], timeout=180)
+    assert proc.returncode == 0, describe_run(proc)
+    again = journal(out)
+    assert again[:3] == [json.loads(line) for line in lines[:-1]]  # finished members kept, not retrained
+    assert len(again) == 4 and again[3]["name"] == last["name"] and again[3]["seed"] == last["seed"]
+    assert "training 1 of 4" in proc.stderr
+    assert len(load_manifest(out).members) == 4
+
+
+def test_a_crashed_member_is_recorded_and_the_rest_make_the_ensemble(design, shapes_file, tmp_path):
+    run, _ = design
+    out = tmp_path / "ens"
+    proc = run_mpi(3, ["-m", "launch.cli", "ensemble", "--from", run, "--data", shapes_file, "--out", out,
+                       "--members", 3, "--set", "run.task='tests.faulty_tasks:aborts_task_1'"], timeout=180)
+    assert proc.returncode == 0, describe_run(proc)
+    by_id = {r["id"]: r for r in journal(out)}
+    assert by_id[1]["status"] == "crashed" and "SIGABRT" in by_id[1]["error"] and by_id[1]["fitness"] is None
+    assert by_id[0]["status"] == by_id[2]["status"] == "ok"
+    manifest = load_manifest(out)
+    crashed = [m for m in manifest.members if m.name == by_id[1]["name"]]
+    assert crashed and crashed[0].status == "crashed" and crashed[0].weight == 0
+    assert not member_dir(out, by_id[1]["name"]).exists()
+    assert {m.name for m in manifest.used} <= {by_id[0]["name"], by_id[2]["name"]}
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert set(metrics["test"]["members"]) == {by_id[0]["name"], by_id[2]["name"]}
+    assert metrics["status"] == {"ok": 2, "crashed": 1}
+
+
+def test_no_member_trained_is_a_clear_error(design, shapes_file, tmp_path):
+    from launch.ensemble_run import finish, prepare
+
+    run, _ = design
+    job = prepare(run, shapes_file, tmp_path / "ens", overrides={"ensemble.members": 2})
+    failed = [{"id": i, "name": s.name, "status": "crashed"} for i, s in enumerate(job.specs)]
+    with pytest.raises(EnsembleError, match="no ensemble member trained successfully .crashed 2."):
+        finish(job, failed)
+
+
+# -- bad inputs, refused before any rank starts (in this process: the checks run before self-start) ---------------
+def test_bad_inputs_fail_clearly(design, shapes_file, tmp_path, capsys):
+    run, _ = design
+    other = tmp_path / "other.h5"
+    shapes.generate(other, samples=60, size=14, seed=0)
+    base = ["ensemble", "--data", shapes_file, "--workers", "1"]
+    cases = [
+        ([*base, "--from", tmp_path / "nope", "--out", tmp_path / "e"], "no results.jsonl"),
+        (["ensemble", "--data", other, "--from", run, "--out", tmp_path / "e"], "does not match the run"),
+        ([*base, "--from", run, "--out", tmp_path / "e", "--members", "0"], "--members 0"),
+        ([*base, "--from", run, "--out", run], "not empty"),
+        ([*base, "--from", run, "--out", tmp_path / "e", "--resume"], "no ensemble build to resume"),
+        ([*base, "--from", run, "--out", tmp_path / "e", "--set", "ensemble.strategy='best'"], "ensemble.strategy"),
+        ([*base, "--from", run, "--out", tmp_path / "no" / "e"], "does not exist"),
+        (["design", "--data", shapes_file, "--out", tmp_path / "d", "--evaluations", "2", "--members", "0"],
+         "--members 0"),
+        (["design", "--data", shapes_file, "--out", run, "--evaluations", "2"], "already holds a run"),
+    ]
+    for argv, words in cases:
+        code = cli.main([str(a) for a in argv])
+        err = capsys.readouterr().err
+        assert code == 2, (argv, err)
+        assert words in err and f"galapagos {argv[0]}: error:" in err, (argv, err)
+    assert not (tmp_path / "e").exists() and not (tmp_path / "d").exists()
+
+
+def test_selection_weights_reproduce_the_saved_metrics(design, shapes_file):
+    """The manifest's weights applied to the members' own predictions give the saved ensemble metrics."""
+    from datashare.format import load
+    from ensemble.metrics import classification_metrics
+    from launch.predict import predict_outputs
+
+    run, _ = design
+    ens = run / "ensemble"
+    manifest = load_manifest(ens)
+    _, splits = load(shapes_file, ("test",))
+    x, y = splits["test"]
+    preds = [predict_outputs(load_network(member_dir(ens, m.name))[0], x, manifest.problem) for m in manifest.used]
+    probs = np.tensordot(np.array([m.weight for m in manifest.used]), np.stack(preds), axes=1)
+    saved = json.loads((ens / "metrics.json").read_text())["test"]["ensemble"]
+    assert classification_metrics(probs, y)["nll"] == pytest.approx(saved["nll"], rel=1e-6)
