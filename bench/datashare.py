@@ -123,7 +123,9 @@ def main() -> None:
     p.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
     p.add_argument("--chunk-mib", type=int, default=64)
     p.add_argument("--repeats", type=int, default=2, help="runs of each method; the fastest is reported")
-    p.add_argument("--nodes-up-to", type=int, default=4, help="run the one-rank-per-node variant up to this many ranks")
+    p.add_argument("--nodes-up-to", type=int, default=len(os.sched_getaffinity(0)),
+                   help="run the one-rank-per-node variant up to this many ranks (default: the cores here; beyond "
+                   "that, MPICH's shared-memory collectives stall for seconds when ranks outnumber cores)")
     p.add_argument("--rank-mode", help=argparse.SUPPRESS)
     p.add_argument("--file", help=argparse.SUPPRESS)
     args = p.parse_args()

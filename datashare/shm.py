@@ -52,7 +52,9 @@ class SharedArrays:
         self._owner, self._name, self._fd = owner, name, fd
         self._linked = owner
         prot = mmap.PROT_READ | (mmap.PROT_WRITE if owner else 0)
-        flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)  # map every page now, not one fault at a time
+        # Readers map every (written) page at once rather than one fault at a time; the creator's pages are
+        # reserved but not yet zeroed, which its first writes do anyway, so populating them would cost a pass.
+        flags = mmap.MAP_SHARED | (0 if owner else getattr(mmap, "MAP_POPULATE", 0))
         mm = mmap.mmap(fd, max(1, self._total), flags=flags, prot=prot)
         self._buffer: np.ndarray | None = np.frombuffer(mm, dtype=np.uint8, count=self._total)
         self._arrays: dict[str, np.ndarray] | None = views(self._buffer, specs)
