@@ -31,21 +31,25 @@ def test_every_dtype_and_rank_bit_exact_on_every_rank(n, per_node, readers):
     assert_ranks(_run(n, per_node, "exact", "--readers", readers), n, "CASE_OK")
 
 
-@pytest.fixture
-def dataset(tmp_path) -> str:
+def _dataset(path: Path, compression: str | None) -> str:
     rng = np.random.default_rng(5)
-    path = tmp_path / "d.h5"
     write_dataset(path, {"train": (rng.standard_normal((301, 2, 5, 3)).astype("float32"), rng.integers(0, 4, 301)),
                          "test": (rng.standard_normal((57, 2, 5, 3)).astype("float32"), rng.integers(0, 4, 57))},
-                  task="classification", num_classes=4)
+                  task="classification", num_classes=4, compression=compression)
     return str(path)
 
 
-def test_file_read_by_every_node_leader_matches_a_plain_load_with_carved_val(dataset):
-    assert_ranks(_run(4, 2, "file", "--file", dataset), 4, "CASE_OK")
+@pytest.mark.parametrize("compression", [None, "gzip"], ids=["contiguous-read-raw", "compressed-read-by-hdf5"])
+def test_file_read_by_every_node_leader_matches_a_plain_load_with_carved_val(tmp_path, compression):
+    from datashare.share import dataset_plan
+
+    path = _dataset(tmp_path / "d.h5", compression)
+    raw = [s.offset is not None for s in dataset_plan(path, ("train", "test"))[0].sources]
+    assert all(raw) if compression is None else not any(raw)
+    assert_ranks(_run(4, 2, "file", "--file", path), 4, "CASE_OK")
 
 
-def test_subsets_reach_only_the_nodes_that_ask(dataset):
+def test_subsets_reach_only_the_nodes_that_ask():
     assert_ranks(_run(4, 2, "subset"), 4, "CASE_OK")
 
 
