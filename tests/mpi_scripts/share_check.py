@@ -128,7 +128,7 @@ def case_crash(comm, node, prefix: str, when: str) -> None:
 
 
 def case_large(comm, node, path: str) -> None:
-    """An array over 2 GiB: counts stay below 2**31 per call, offsets are 64-bit."""
+    """An array over 4 GiB: counts stay below 2**31 per call, offsets are 64-bit."""
     import h5py
 
     with h5py.File(path, "r") as f:
@@ -136,7 +136,7 @@ def case_large(comm, node, path: str) -> None:
     plan = ds.Plan(path, (ds.Source("big", (n, row), "|u1", "/big"),), chunk_bytes=256 << 20)
     with share(comm, node, plan if comm.rank == 0 else None) as got:
         a = got.arrays["big"]
-        assert a.nbytes > 2**31, a.nbytes
+        assert a.nbytes > 2**32, a.nbytes
         crc = zlib.crc32(a.reshape(-1))
         assert a[-1, -1] == (n * row - 1) % 251, a[-1, -1]
         crcs = comm.allgather(crc)
