@@ -37,7 +37,7 @@ from typing import Any, Iterable, Mapping
 import h5py
 import numpy as np
 
-from .broadcast import MAX_COUNT
+from .layout import MAX_COUNT
 from .format import DatasetInfo, _y_dtype, carve_indices, check_values, inspect
 from .shm import SharedArrays
 

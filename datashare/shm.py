@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .broadcast import ArraySpec, _spec, layout, views
+from .layout import ArraySpec, _spec, layout, specs_of, views
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class SharedArrays:
     @classmethod
     def from_arrays(cls, arrays: Mapping[str, np.ndarray], *, prefix: str = "galapagos") -> "SharedArrays":
         """A shared copy of local arrays."""
-        sa = cls.create([(k, np.shape(a), np.asarray(a).dtype) for k, a in arrays.items()], prefix=prefix)
+        sa = cls.create(specs_of(arrays), prefix=prefix)
         for k, a in arrays.items():
             sa.arrays[k][...] = a
         return sa

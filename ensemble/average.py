@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from datashare.broadcast import MAX_COUNT
+from datashare.layout import MAX_COUNT
 
 log = logging.getLogger(__name__)
 

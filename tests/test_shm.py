@@ -1,4 +1,4 @@
-"""Chunked array broadcast over real MPI ranks, and shared-memory holders across real processes."""
+"""The packed layout of arrays, and shared-memory holders across real processes."""
 
 from __future__ import annotations
 
@@ -12,28 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datashare.broadcast import ALIGN, layout, specs_of, views
+from datashare.layout import ALIGN, layout, specs_of, views
 from datashare.shm import SharedArrays
-from mpirun import REPO, assert_ranks, describe_run, run_mpi
-
-SCRIPT = Path(__file__).parent / "mpi_scripts" / "bcast_check.py"
-
-
-# ---------------------------------------------------------------------------------------------- MPI (3 ranks)
-
-@pytest.mark.mpi
-@pytest.mark.parametrize("chunk_bytes", [1000, 64 << 20], ids=["small-chunks", "default-chunks"])
-def test_bcast_arrays_bit_exact_on_every_rank(chunk_bytes: int) -> None:
-    proc = run_mpi(3, [SCRIPT, "--chunk-bytes", str(chunk_bytes)], timeout=120)
-    assert_ranks(proc, 3, "BCAST_OK")
-    assert "leaked" not in proc.stderr and "resource_tracker" not in proc.stderr, describe_run(proc)
-
-
-@pytest.mark.mpi
-def test_bad_input_on_root_raises_everywhere_instead_of_hanging() -> None:
-    proc = run_mpi(3, [SCRIPT, "--mode", "error"], timeout=120)
-    assert_ranks(proc, 3, "ERROR_OK")
-
+from mpirun import REPO, describe_run
 
 # ---------------------------------------------------------------------------------------------- layout
 
