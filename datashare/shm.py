@@ -131,16 +131,8 @@ class SharedArrays:
         return self._name
 
     @property
-    def owner(self) -> bool:
-        return self._owner
-
-    @property
     def nbytes(self) -> int:
         return self._total
-
-    @property
-    def specs(self) -> list[ArraySpec]:
-        return list(self._specs)
 
     @property
     def offsets(self) -> dict[str, int]:
