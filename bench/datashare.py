@@ -49,8 +49,9 @@ def _touch(arrays) -> int:
 
 def rank_main(mode: str, path: str, chunk_mib: int) -> None:
     """One rank of a measured job: get the data, touch it, report the time and memory."""
-    from datashare.format import _open
-    from datashare.share import dataset_plan, share
+    from datashare.format import open_file
+    from datashare.plan import array_name, dataset_plan
+    from datashare.share import share
     from launch.mpi import node_comm, world
 
     comm = world()
@@ -59,8 +60,8 @@ def rank_main(mode: str, path: str, chunk_mib: int) -> None:
     t0 = time.perf_counter()
     holder = None
     if mode == "naive":
-        with _open(path) as f:
-            arrays = {f"{g}/{k}": f[g][k][()] for g in f for k in ("x", "y")}
+        with open_file(path) as f:
+            arrays = {array_name(g, k): f[g][k][()] for g in f for k in ("x", "y")}
     else:
         plan, memory = dataset_plan(path, ("train",), chunk_bytes=chunk_mib << 20)[:2] if comm.rank == 0 else (None, None)
         holder = share(comm, node, plan, memory=memory)
@@ -80,7 +81,7 @@ def rank_main(mode: str, path: str, chunk_mib: int) -> None:
 
 def make_file(path: Path, gib: float) -> int:
     """A classification dataset of about `gib` GiB (float32 images), written in blocks."""
-    from datashare.format import write_dataset
+    from datashare.write import write_dataset
 
     rows = int(gib * 2**30) // (4 * 64 * 64 * 4)
     rng = np.random.default_rng(0)

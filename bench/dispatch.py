@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from launch.messages import Result, Task
+from launch.protocol import Result, Task
 
 
 def noop(payload, ctx) -> dict:
@@ -62,13 +62,14 @@ class _Noops:
 def _inner(tasks: int, prefetch: int) -> None:
     from mpi4py import MPI  # default thread level, as MPIPoolExecutor wants
 
-    from launch.job import WorkerSetup, master_run, worker_main
+    from launch.protocol import Setup
+    from launch.session import master_run, worker_main
 
     comm = MPI.COMM_WORLD
     warmup = 20 * (comm.size - 1)
     if comm.rank == 0:
         noops = _Noops(tasks, warmup)
-        master_run(comm, WorkerSetup("bench.dispatch:noop"), noops,
+        master_run(comm, Setup("bench.dispatch:noop"), noops,
                    prefetch=None if prefetch < 0 else prefetch)
     else:
         worker_main(comm)

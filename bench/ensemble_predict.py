@@ -40,7 +40,7 @@ class _Timed:
 def _inner(ens: str, data: str, batch: int, out: str, repeats: int) -> None:
     from ensemble.average import average
     from launch.mpi import world
-    from launch.predict import load_members
+    from galapagos.inference import load_members
 
     world_comm = world()
     comm = world_comm if world_comm.size > 1 else None

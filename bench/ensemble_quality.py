@@ -28,7 +28,7 @@ EXAMPLES = {
 
 
 def design(data: Path, out: Path, seed: int, args: argparse.Namespace, sets: list[str]) -> dict:
-    cmd = [sys.executable, "-m", "launch.cli", "design", "--data", str(data), "--out", str(out), "--config",
+    cmd = [sys.executable, "-m", "galapagos.cli", "design", "--data", str(data), "--out", str(out), "--config",
            args.config, "--evaluations", str(args.evaluations), "--members", str(args.members), "--workers",
            str(args.workers)]
     for s in [f"run.seed={seed}", f"evolution.seed={seed}", f"ensemble.seed={seed}", *sets]:

@@ -19,7 +19,7 @@ from examples import shapes
 
 
 def run(data: Path, out: Path, strategy: str, seed: int, evaluations: int, workers: int, config: str) -> dict:
-    cmd = [sys.executable, "-m", "launch.cli", "evolve", "--data", str(data), "--out", str(out),
+    cmd = [sys.executable, "-m", "galapagos.cli", "evolve", "--data", str(data), "--out", str(out),
            "--config", config, "--evaluations", str(evaluations), "--workers", str(workers), "--strategy", strategy,
            "--set", f"run.seed={seed}", "--set", f"evolution.seed={seed}"]
     subprocess.run(cmd, check=True, capture_output=True, text=True)

@@ -12,7 +12,7 @@ from typing import Any, Iterable, Mapping, NamedTuple
 
 import numpy as np
 
-__all__ = ["ArraySpec", "ALIGN", "MAX_COUNT", "layout", "specs_of", "views"]
+__all__ = ["ArraySpec", "ALIGN", "MAX_COUNT", "array_spec", "layout", "specs_of", "views"]
 
 #: byte alignment of each array in a packed buffer (a cache line; enough for any numpy dtype and SIMD loads)
 ALIGN = 64
@@ -32,7 +32,8 @@ class ArraySpec(NamedTuple):
         return math.prod(self.shape) * self.dtype.itemsize
 
 
-def _spec(item: Iterable[Any]) -> ArraySpec:
+def array_spec(item: Iterable[Any]) -> ArraySpec:
+    """A (name, shape, dtype) triple as a checked ArraySpec: dtypes of plain bytes only, no negative dimensions."""
     name, shape, dtype = item
     dt = np.dtype(dtype)
     if dt.hasobject:
@@ -54,7 +55,7 @@ def layout(specs: Iterable[Iterable[Any]], *, align: int = ALIGN) -> tuple[dict[
     """
     offsets: dict[str, int] = {}
     end = 0
-    for s in map(_spec, specs):
+    for s in map(array_spec, specs):
         if s.name in offsets:
             raise ValueError(f"duplicate array name {s.name!r}")
         start = _align(end, align)
@@ -65,12 +66,12 @@ def layout(specs: Iterable[Iterable[Any]], *, align: int = ALIGN) -> tuple[dict[
 
 def specs_of(arrays: Mapping[str, np.ndarray]) -> list[ArraySpec]:
     """The specs of a dict of arrays, in its order."""
-    return [_spec((k, np.shape(a), np.asarray(a).dtype)) for k, a in arrays.items()]
+    return [array_spec((k, np.shape(a), np.asarray(a).dtype)) for k, a in arrays.items()]
 
 
 def views(buffer: Any, specs: Iterable[Iterable[Any]]) -> dict[str, np.ndarray]:
     """Arrays laid out by :func:`layout` inside ``buffer``, as numpy views (no copies)."""
-    specs = [_spec(s) for s in specs]
+    specs = [array_spec(s) for s in specs]
     offsets, total = layout(specs)
     buf = buffer if isinstance(buffer, np.ndarray) and buffer.dtype == np.uint8 and buffer.ndim == 1 \
         else np.frombuffer(buffer, dtype=np.uint8)

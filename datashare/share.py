@@ -2,9 +2,9 @@
 
 Collective over the world communicator ``comm`` and ``node`` (the ranks of ``comm`` that share this node's memory):
 
-1. Rank 0 describes what is sent (a :class:`Plan`: HDF5 datasets, plus small arrays it holds in memory), and every
-   rank says what it needs: everything, nothing, or row ranges of some arrays (a subset). A node needs the
-   union of what its ranks need.
+1. Rank 0 describes what is sent (a :class:`datashare.plan.Plan`: HDF5 datasets, plus small arrays it holds in
+   memory), and every rank says what it needs: everything, nothing, or row ranges of some arrays (a subset).
+   A node needs the union of what its ranks need.
 2. Node leaders (local rank 0) form their own communicator; each makes one shared segment for its node,
    checking first that the node has the room.
 3. Arrays are cut into pieces of at most ``chunk_bytes``. Reader leaders (rank 0's by default, or every leader, or
@@ -21,9 +21,7 @@ mpi4py: callers pass communicators with mpi4py semantics.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import os
 import queue
 import socket
@@ -37,98 +35,18 @@ from typing import Any, Iterable, Mapping
 import h5py
 import numpy as np
 
+from .format import check_values
 from .layout import MAX_COUNT
-from .format import DatasetInfo, _y_dtype, carve_indices, check_values, inspect
+from .plan import DataShareError, Plan, Source, array_parts
 from .shm import SharedArrays
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DataShareError", "Source", "Plan", "Shared", "share", "dataset_plan", "open_shared", "checksum"]
+__all__ = ["DataShareError", "Shared", "share", "open_shared", "checksum"]
 
-TAG = 23
+TAG = 23  # datashare's own MPI tag, on the communicators it is handed (not the runtime's tags: launch/protocol.py)
 DEPTH = 4  # pieces a reader may read ahead of the sending
 CRC_BLOCK = 16 << 20  # bytes per CRC-32 and per read: the blocks of one piece are read and checksummed in parallel
-
-
-class DataShareError(RuntimeError):
-    """The data could not be delivered; the message names the piece, the rank and what went wrong."""
-
-
-@dataclass(frozen=True)
-class Source:
-    """One array to deliver: read from an HDF5 dataset, or (``dataset=None``) held in memory by rank 0."""
-
-    name: str
-    shape: tuple[int, ...]
-    dtype: str
-    dataset: str | None = None
-    offset: int | None = None  # byte offset of a contiguous, unfiltered dataset already in `dtype`: read raw
-
-    @property
-    def row_bytes(self) -> int:
-        return math.prod(self.shape[1:]) * np.dtype(self.dtype).itemsize
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What rank 0 sends: the file, its arrays, and how (chunk size, which leaders read)."""
-
-    path: str | None
-    sources: tuple[Source, ...]
-    info: DatasetInfo | None = None  # when given, readers check values (NaN, labels) of every piece they read
-    chunk_bytes: int = 64 << 20
-    readers: int | str = 1  # how many node leaders read the file: a count, or "node" for every one
-
-    @classmethod
-    def of_arrays(cls, arrays: Mapping[str, np.ndarray], **kw: Any) -> "Plan":
-        return cls(None, tuple(Source(k, tuple(np.shape(a)), np.asarray(a).dtype.str) for k, a in arrays.items()),
-                   **kw)
-
-    @property
-    def nbytes(self) -> int:
-        return sum(s.shape[0] * s.row_bytes if s.shape else np.dtype(s.dtype).itemsize for s in self.sources)
-
-
-def dataset_plan(path: str, splits: Iterable[str] = ("train", "val"), *, val_fraction: float = 0.1, seed: int = 0,
-                 **kw: Any) -> tuple[Plan, dict[str, np.ndarray], DatasetInfo]:
-    """The plan that delivers ``splits`` of a dataset file as ``split/x`` and ``split/y``, and what rank 0 adds.
-
-    Without a val split in the file, ``train/x`` and ``train/y`` hold the file's whole train split and
-    ``train/index`` / ``val/index`` (computed here, sent from memory) say which rows belong to which split.
-    """
-    info = inspect(path)
-    wanted = list(dict.fromkeys(splits))
-    carve = "val" in wanted and "val" not in info.splits
-    reads = [s for s in info.splits if s in wanted or (carve and s == "train")]
-    sources, memory, sizes = [], {}, {}
-    with h5py.File(path, "r") as f:
-        for split in reads:
-            n = info.splits[split]
-            for part, shape, dtype in (("x", (n, *info.sample_shape), np.dtype(info.x_dtype)),
-                                       ("y", (n, *((info.num_targets,) if info.task == "regression" else ())),
-                                        _y_dtype(info))):
-                name = f"/{split}/{part}"
-                sources.append(Source(name[1:], shape, dtype.str, name, _raw_offset(f[name], dtype)))
-            sizes[split] = n
-    if carve:
-        try:
-            train_idx, val_idx = carve_indices(info.splits["train"], val_fraction=val_fraction, seed=seed)
-        except ValueError as exc:
-            raise DataShareError(f"{path}: /train: {exc}") from None
-        memory = {"train/index": train_idx, "val/index": val_idx}
-        sources += [Source(k, a.shape, a.dtype.str) for k, a in memory.items()]
-        sizes.update(train=len(train_idx), val=len(val_idx))
-        log.info("%s: no val split; carving %d of %d train samples (seed %d)", path, len(val_idx),
-                 info.splits["train"], seed)
-    info = dataclasses.replace(info, splits={s: sizes[s] for s in sizes if s in wanted}, val_from_train=carve)
-    return Plan(str(path), tuple(sources), info, **kw), memory, info
-
-
-def _raw_offset(ds: h5py.Dataset, dtype: np.dtype) -> int | None:
-    """Where a dataset's bytes start in the file, if they can be read as they are (else None: read via HDF5)."""
-    if ds.chunks is not None or ds.compression is not None or ds.dtype != dtype or ds.external:
-        return None
-    return ds.id.get_offset()
 
 
 # -- checksums --------------------------------------------------------------------------------------------------
@@ -283,7 +201,7 @@ class _Reader(threading.Thread):
             self.h5[s.dataset].read_direct(dest, source_sel=np.s_[a:b])
         info = self.plan.info
         if info is not None and b > a:  # values checked in parallel slices of the piece
-            split, part = s.name.split("/")
+            split, part = array_parts(s.name)
             step = -(-(b - a) // 4)
             list(_crc_pool().map(lambda i: check_values(info, split, dest[i:i + step] if part == "x" else None,
                                                         dest[i:i + step] if part == "y" else None, offset=a + i),

@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .layout import ArraySpec, _spec, layout, specs_of, views
+from .layout import ArraySpec, array_spec, layout, specs_of, views
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ def _gib(n: int) -> str:
 
 
 class SharedArrays:
-    """Arrays laid out by :func:`datashare.broadcast.layout` in one shared-memory segment.
+    """Arrays laid out by :func:`datashare.layout.layout` in one shared-memory segment.
 
     The creator owns the segment (writable; it removes the name); attached processes get read-only views.
     """
@@ -68,7 +68,7 @@ class SharedArrays:
         Fails with the numbers, before anything is written, if /dev/shm has too little room: a tmpfs that runs
         out while being written kills the writer with SIGBUS instead.
         """
-        specs = [_spec(s) for s in specs]
+        specs = [array_spec(s) for s in specs]
         _, total = layout(specs)
         free = free_bytes()
         host = socket.gethostname()
@@ -103,7 +103,7 @@ class SharedArrays:
     @classmethod
     def attach(cls, descriptor: Mapping[str, Any]) -> "SharedArrays":
         """Map a segment read-only: through the inherited descriptor ``fd`` if this process has it, else by name."""
-        specs = [_spec(s) for s in descriptor["specs"]]
+        specs = [array_spec(s) for s in descriptor["specs"]]
         offsets, total = layout(specs)
         if dict(descriptor.get("offsets", offsets)) != offsets:
             raise SharedMemoryError(errno.EINVAL, f"shared memory {descriptor['name']}: layout differs from the "

@@ -2,7 +2,7 @@
 
 ```
 DIR/ensemble.json           format, problem, members (name, weight, seed, origin, status), selection, sources
-DIR/members/<name>/         genome.json, model.pt (state_dict), metrics.json (as a run's best/: "problem" inside)
+DIR/members/<name>/         a network directory (evolve/netdir.py), as a run's best/
 DIR/results.jsonl           one line per member training (failed ones too), as a run's journal
 DIR/metrics.json            ensemble and per-member metrics on val (and test when the file has one)
 ```
@@ -13,11 +13,12 @@ pick stays on disk with weight 0 and is not used for prediction.
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from evolve.files import write_json
+from evolve.netdir import NetworkDir
 from evolve.problem import Problem
 
 FORMAT = 1
@@ -64,9 +65,7 @@ def save_manifest(root: str | Path, manifest: Manifest) -> Path:
     doc = {"format": FORMAT, "problem": manifest.problem.to_dict(),
            "members": [asdict(m) for m in manifest.members], "selection": manifest.selection,
            "sources": manifest.sources}
-    tmp = path.with_name(f".{MANIFEST}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(doc, indent=2, sort_keys=True, allow_nan=False) + "\n")
-    os.replace(tmp, path)
+    write_json(path, doc)
     return path
 
 
@@ -92,7 +91,6 @@ def load_manifest(root: str | Path) -> Manifest:
     if abs(total - 1.0) > 1e-6:
         raise EnsembleError(f"{path}: member weights sum to {total:g}, expected 1")
     for m in manifest.used:
-        for name in ("genome.json", "model.pt", "metrics.json"):
-            if not (member_dir(root, m.name) / name).is_file():
-                raise EnsembleError(f"{path}: member {m.name}: {member_dir(root, m.name) / name} is missing")
+        if (missing := NetworkDir(member_dir(root, m.name)).missing()) is not None:
+            raise EnsembleError(f"{path}: member {m.name}: {missing} is missing")
     return manifest

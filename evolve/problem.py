@@ -57,6 +57,19 @@ class Problem:
     def is_classification(self) -> bool:
         return self.task == "classification"
 
+    @classmethod
+    def of_dataset(cls, info: Any) -> "Problem":
+        """The problem a dataset poses (a datashare.format.DatasetInfo: sample_shape, task, num_targets)."""
+        return cls(tuple(info.sample_shape), info.task, info.num_targets)
+
+    def mismatch(self, info: Any) -> str | None:
+        """Why a dataset does not fit networks made for this problem (e.g. "classification with samples of shape
+        (1, 12, 12) and 4 outputs; the file has ..."), or None when it fits."""
+        if Problem.of_dataset(info) == self:
+            return None
+        return (f"{self.task} with samples of shape {self.sample_shape} and {self.num_outputs} outputs; the file "
+                f"has {info.task}, {tuple(info.sample_shape)}, {info.num_targets}")
+
     def to_dict(self) -> dict[str, Any]:
         return {"sample_shape": list(self.sample_shape), "task": self.task, "num_outputs": self.num_outputs}
 

@@ -7,7 +7,6 @@ the device has it, else fp16 with loss scaling).
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -15,17 +14,18 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from datashare.plan import split_arrays
+
 from evolve.build import build_model, set_normalization
 from evolve.errors import ConfigError
 from evolve.genome import Genome
+from evolve.netdir import save_weights
 from evolve.problem import Problem
 from evolve.settings import from_table
 
 
 class NonFiniteLoss(FloatingPointError):
-    """The loss became NaN or infinite: the candidate diverged."""
-
-    status = "nan"
+    """The loss became NaN or infinite: the candidate diverged (the trainer records it as status `nan`)."""
 
 
 @dataclass(frozen=True)
@@ -215,33 +215,44 @@ def device_data(ctx: Any, splits: tuple[str, ...] = ("train", "val")) -> dict:
         device = torch.device(ctx.device)
         if device.type == "cuda":
             torch.cuda.set_device(device)
+        moved: dict[int, torch.Tensor] = {}  # each shared array goes to the device once, though two splits use it
+
+        def to_device(array):
+            if id(array) not in moved:  # on the CPU: a view of the node's shared memory, no copy
+                moved[id(array)] = torch.from_numpy(array).to(device)
+            return moved[id(array)]
+
         tensors = {}
-        for split in splits:
-            if f"{split}/index" in ctx.data:  # val carved from train: rows of the file's train split
-                index = torch.from_numpy(ctx.data[f"{split}/index"]).to(device)
-                if "train/x" not in tensors:
-                    tensors["train/x"] = torch.from_numpy(ctx.data["train/x"]).to(device)
-                y = torch.from_numpy(ctx.data["train/y"]).to(device).index_select(0, index)
-                tensors[split] = (Rows(tensors["train/x"], index), y)
-            else:  # no copy on the CPU: views of the node's shared memory
-                tensors[split] = tuple(torch.from_numpy(ctx.data[f"{split}/{part}"]).to(device) for part in "xy")
+        for split, a in split_arrays(ctx.data, splits).items():
+            if a.index is None:
+                tensors[split] = (to_device(a.x), to_device(a.y))
+            else:  # carved from the file's train split: its rows, gathered batch by batch
+                index = torch.from_numpy(a.index).to(device)
+                tensors[split] = (Rows(to_device(a.x), index), to_device(a.y).index_select(0, index))
         ctx.cache["tensors"] = tensors
     return ctx.cache["tensors"]
 
 
-def train_task(payload: dict, ctx: Any) -> dict:
-    """The worker task: payload = genome, problem, train config, seed and where to save the weights."""
-    genome = Genome.from_json(payload["genome"])
-    problem = Problem.from_dict(payload["problem"])
-    config = TrainConfig.from_dict(payload.get("train", {}))
+@dataclass(frozen=True)
+class TrainTask:
+    """One network to train: the payload of every task the master sends, from an evolution run or an ensemble
+    build, and what a task function (`run.task`, by default :func:`train_task`) receives."""
+
+    genome: Genome
+    problem: Problem
+    train: TrainConfig
+    seed: int = 0
+    save: str | None = None  # where the best epoch's weights go (a state_dict); None: not saved
+
+
+def train_task(task: TrainTask, ctx: Any) -> dict:
+    """The default task function: train, save the best epoch's weights, return {"fitness", "metrics"}."""
     data = device_data(ctx)
-    key = ("stats", problem.task)
+    key = ("stats", task.problem.task)
     if key not in ctx.cache:
-        ctx.cache[key] = normalization_stats(*data["train"], problem.task)
-    summary, state = train_candidate(genome, problem, data, config, device=ctx.device, seed=payload.get("seed", 0),
+        ctx.cache[key] = normalization_stats(*data["train"], task.problem.task)
+    summary, state = train_candidate(task.genome, task.problem, data, task.train, device=ctx.device, seed=task.seed,
                                      report=ctx.report, stats=ctx.cache[key])
-    if payload.get("save"):
-        tmp = f"{payload['save']}.tmp{os.getpid()}"
-        torch.save(state, tmp)
-        os.replace(tmp, payload["save"])
+    if task.save:
+        save_weights(state, task.save)
     return {"fitness": summary.pop("fitness"), "metrics": summary}

@@ -17,7 +17,8 @@ from pathlib import Path
 
 import numpy as np
 
-from datashare.format import DatasetInfo, split_sizes, write_dataset
+from datashare.format import DatasetInfo
+from datashare.write import split_sizes, write_dataset
 
 log = logging.getLogger(__name__)
 

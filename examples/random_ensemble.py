@@ -10,7 +10,6 @@ comes from `galapagos ensemble`.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import time
 from collections.abc import Sequence
@@ -22,6 +21,7 @@ from datashare.format import load
 from ensemble.store import Manifest, Member, member_dir, save_manifest
 from evolve.build import build_model, check_genome, set_normalization
 from evolve.errors import InvalidGenome
+from evolve.netdir import NetworkDir, save_weights
 from evolve.problem import Problem
 from evolve.space import SearchSpace
 from evolve.train import normalization_stats
@@ -69,12 +69,10 @@ def write_random_ensemble(out: str | Path, data: str | Path, members: int = 4, *
         if steps:
             _train(model, x, y, problem.task, steps, seed * 1000 + i)
         name = f"m{i:03d}"
-        d = member_dir(out, name)
-        d.mkdir(parents=True, exist_ok=True)
-        torch.save(model.state_dict(), d / "model.pt")
-        (d / "genome.json").write_text(json.dumps(genome.to_json(), indent=2))
-        (d / "metrics.json").write_text(json.dumps({"problem": problem.to_dict(), "describe": genome.describe(),
-                                                    "params": sum(p.numel() for p in model.parameters())}, indent=2))
+        net = NetworkDir(member_dir(out, name))
+        net.write(genome.to_json(), {"problem": problem.to_dict(), "describe": genome.describe(),
+                                     "params": sum(p.numel() for p in model.parameters())})
+        save_weights(model.state_dict(), net.model_file)
         listed.append(Member(name, weights[i], seed=seed * 1000 + i, origin={"kind": "random", "steps": steps}))
     manifest = Manifest(problem, tuple(listed), {"method": "equal"}, {"data": str(data)})
     save_manifest(out, manifest)

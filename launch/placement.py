@@ -13,7 +13,7 @@ class Placement:
     local_workers: int
 
 
-def _gpu_count() -> int:
+def gpu_count() -> int:
     """GPUs visible to this process, without initialising CUDA in the MPI rank (the trainer child does that)."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
@@ -32,7 +32,7 @@ def place(local_index: int, local_workers: int, *, allowed: list[int] | None = N
     """
     if allowed is None:
         allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    gpus = _gpu_count() if gpus is None else gpus
+    gpus = gpu_count() if gpus is None else gpus
     n = len(allowed)
     if local_workers <= n:
         lo, hi = local_index * n // local_workers, (local_index + 1) * n // local_workers

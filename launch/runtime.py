@@ -14,13 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from launch.messages import CANCELLED, Cancel, Progress, Ready, Result, Stop, Task
+from launch.protocol import TAG, Cancel, Progress, Ready, Result, Status, Stop, Task
 from launch.mpi import Backoff
 from launch.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
-TAG = 17
 STOP_GRACE = 30.0  # seconds the master waits for cancelled tasks to report before it stops the workers anyway
 
 
@@ -35,8 +34,8 @@ class TaskSource(Protocol):
 
     def on_result(self, result: Result) -> None: ...
 
-    def on_progress(self, progress: Progress) -> str | None:
-        """Return a status (e.g. 'pruned') to cancel the task, or None to let it go on."""
+    def on_progress(self, progress: Progress) -> Status | None:
+        """Return a status (e.g. Status.PRUNED) to cancel the task, or None to let it go on."""
 
     def on_tick(self, state: "MasterState") -> None:
         """Called about once a second and at each event, for progress displays."""
@@ -148,7 +147,7 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
             state.stopping, cancelled_at = True, now
             log.info("%s: cancelling %d running task(s)", why, len(state.running))
             for task_id, (rank, _) in list(state.running.items()):
-                send(Cancel(task_id, CANCELLED), rank)
+                send(Cancel(task_id, Status.CANCELLED), rank)
         if state.stopping and cancelled_at is not None and now - cancelled_at > STOP_GRACE:
             log.warning("%d task(s) did not report after cancellation; stopping anyway", len(state.running))
             break

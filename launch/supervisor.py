@@ -12,7 +12,8 @@ from collections import deque
 from multiprocessing import Pipe
 from pathlib import Path
 
-from launch.messages import CRASHED, FAILED, TIMEOUT, Progress, Result, Task
+from launch.protocol import (Cancel, Outcome, Progress, Result, Status, Stop, Task, TrainerFailed, TrainerReady,
+                             TrainerSetup)
 
 log = logging.getLogger(__name__)
 
@@ -27,8 +28,8 @@ class Supervisor:
     def __init__(self, rank: int, task_fn: str, *, data: dict | None = None, cores: list[int] | None = None,
                  device: str = "cpu", log_path: Path | None = None):
         self.rank, self.host = rank, socket.gethostname()
-        self.setup = {"rank": rank, "task_fn": task_fn, "data": data, "cores": cores, "device": device,
-                      "threads": max(1, len(cores)) if cores else 1}
+        self.setup = TrainerSetup(rank, task_fn, data, tuple(cores) if cores else None, device,
+                                  max(1, len(cores)) if cores else 1)
         self.log_path = log_path
         self._data_fds = [data["fd"]] if data and data.get("fd") is not None else []  # the shared copy, inherited
         self.proc: subprocess.Popen | None = None
@@ -43,7 +44,7 @@ class Supervisor:
     def _spawn(self) -> None:
         parent, child = Pipe()
         env = {k: v for k, v in os.environ.items() if not k.startswith(_MPI_ENV_PREFIXES)}
-        env.setdefault("OMP_NUM_THREADS", str(self.setup["threads"]))
+        env.setdefault("OMP_NUM_THREADS", str(self.setup.threads))
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "launch.trainer", str(child.fileno())],
@@ -59,15 +60,16 @@ class Supervisor:
             self._kill()
             raise RuntimeError(f"trainer child on rank {self.rank} did not start within {START_TIMEOUT:.0f} s")
         try:
-            kind, detail = parent.recv()
+            reply = parent.recv()
         except EOFError:
             code = self.proc.wait()
             self.proc = None
             raise RuntimeError(f"trainer child on rank {self.rank} died while starting ({_describe_exit(code)})"
                                + (f"; see {self.log_path}" if self.log_path else "")) from None
-        if kind != "ready":
+        if not isinstance(reply, TrainerReady):
             self._kill()
-            raise RuntimeError(f"trainer child on rank {self.rank} could not start: {detail}")
+            why = reply.reason if isinstance(reply, TrainerFailed) else f"unexpected {reply!r}"
+            raise RuntimeError(f"trainer child on rank {self.rank} could not start: {why}")
 
     def _kill(self) -> int | None:
         code = None
@@ -94,7 +96,7 @@ class Supervisor:
         self.queue.append(task)
         return self._start_next()
 
-    def cancel(self, task_id: int, status: str) -> list:
+    def cancel(self, task_id: int, status: Status) -> list:
         """Cancel a queued or running task; a running one gets CANCEL_GRACE seconds to stop itself."""
         for task in list(self.queue):
             if task.id == task_id:
@@ -104,7 +106,7 @@ class Supervisor:
         if self.current is not None and self.current.id == task_id and self.cancel_sent is None:
             self.cancel_sent, self.cancel_status = time.time(), status
             try:
-                self.conn.send(("cancel", task_id, status))
+                self.conn.send(Cancel(task_id, status))
             except OSError:
                 pass  # the child is gone; poll() reports the crash
         return []
@@ -119,10 +121,10 @@ class Supervisor:
                     self._kill()
                     self._spawn()
                 except RuntimeError as exc:
-                    events.append(self._result(task, FAILED, None, now, time.time(), {}, str(exc)))
+                    events.append(self._result(task, Status.FAILED, None, now, time.time(), {}, str(exc)))
                     continue
             self.current, self.started, self.cancel_sent, self.cancel_status = task, time.time(), None, None
-            self.conn.send(("task", task.id, task.payload))
+            self.conn.send(task)
         return events
 
     def poll(self, timeout: float = 0.0) -> list:
@@ -135,18 +137,17 @@ class Supervisor:
             ready = self.conn.poll(timeout)
             while ready:
                 msg = self.conn.recv()
-                if msg[0] == "progress" and msg[1] == task.id:
-                    events.append(Progress(task.id, self.rank, msg[2]))
-                elif msg[0] == "result" and msg[1] == task.id:
-                    _, _, status, fitness, metrics, error = msg
-                    return events + self._finish(status, fitness, metrics, error, kill=False)
+                if isinstance(msg, Progress) and msg.id == task.id:
+                    events.append(msg)
+                elif isinstance(msg, Outcome) and msg.id == task.id:
+                    return events + self._finish(msg.status, msg.fitness, msg.metrics, msg.error, kill=False)
                 ready = self.conn.poll(0)
         except (EOFError, OSError):
             code = self.proc.wait() if self.proc else None
-            return events + self._finish(CRASHED, None, {}, f"trainer child died: {_describe_exit(code)}", kill=True)
+            return events + self._finish(Status.CRASHED, None, {}, f"trainer child died: {_describe_exit(code)}", kill=True)
         now = time.time()
         if task.time_limit is not None and now - self.started > task.time_limit:
-            return events + self._finish(TIMEOUT, None, {}, f"past its time limit of {task.time_limit:g} s", kill=True)
+            return events + self._finish(Status.TIMEOUT, None, {}, f"past its time limit of {task.time_limit:g} s", kill=True)
         if self.cancel_sent is not None and now - self.cancel_sent > CANCEL_GRACE:
             return events + self._finish(self.cancel_status, None, {}, "did not stop when cancelled", kill=True)
         return events
@@ -164,7 +165,7 @@ class Supervisor:
     def stop(self) -> None:
         if self.alive():
             try:
-                self.conn.send(("stop",))
+                self.conn.send(Stop())
                 self.proc.wait(timeout=5)
             except (OSError, subprocess.TimeoutExpired):
                 pass

@@ -1,7 +1,8 @@
 """The trainer child: the process a worker rank starts to run its tasks, so that a crash costs a restart, not the rank.
 
-Started as `python -m launch.trainer FD`; FD is one end of a multiprocessing pipe. The first message sets it up
-(task function, cores, device, shared data); then it runs one task at a time until told to stop.
+Started as `python -m launch.trainer FD`; FD is one end of a multiprocessing pipe. The first message, a
+TrainerSetup, sets it up (task function, cores, device, shared data); then it runs one Task at a time until told to
+Stop (messages: launch/protocol.py).
 """
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import warnings
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
-from launch.messages import CANCELLED, FAILED, NAN, OK, OOM, PRUNED, STATUSES
+from launch.protocol import Cancel, Outcome, Progress, Status, Stop, Task, TrainerFailed, TrainerReady, TrainerSetup
 
 log = logging.getLogger(__name__)
 
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 class Cancelled(Exception):
     """Raised inside a task when the master cancelled it (pruned as hopeless, or the run is ending)."""
 
-    def __init__(self, status: str = CANCELLED):
+    def __init__(self, status: Status = Status.CANCELLED):
         super().__init__(status)
         self.status = status
 
@@ -32,8 +33,8 @@ class Cancelled(Exception):
 class TaskContext:
     """What a task function sees: the data, its device, the cores it may use, and a way to report progress."""
 
-    def __init__(self, conn: Connection, data: dict, device: str, threads: int):
-        self.conn, self.data, self.device, self.threads = conn, data, device, threads
+    def __init__(self, conn: Connection, data: dict, device: str, threads: int, rank: int = 0):
+        self.conn, self.data, self.device, self.threads, self.rank = conn, data, device, threads, rank
         self.task_id: int | None = None
         self.best_fitness: float | None = None
         self.cache: dict[str, Any] = {}  # lives as long as the child: e.g. the dataset already on the device
@@ -43,14 +44,14 @@ class TaskContext:
         fit = metrics.get("fitness")
         if isinstance(fit, (int, float)) and math.isfinite(fit):
             self.best_fitness = fit if self.best_fitness is None else max(self.best_fitness, fit)
-        self.conn.send(("progress", self.task_id, metrics))
+        self.conn.send(Progress(self.task_id, self.rank, metrics))
         self.check_cancel()
 
     def check_cancel(self) -> None:
         while self.conn.poll():
             msg = self.conn.recv()
-            if msg[0] == "cancel" and msg[1] == self.task_id:
-                raise Cancelled(msg[2])
+            if isinstance(msg, Cancel) and msg.id == self.task_id:
+                raise Cancelled(msg.status)
 
 
 def load_function(spec: str) -> Callable:
@@ -61,37 +62,41 @@ def load_function(spec: str) -> Callable:
     return getattr(importlib.import_module(module), name)
 
 
-def _classify(exc: BaseException) -> str:
-    status = getattr(exc, "status", None)
-    if status in STATUSES:
-        return status
-    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
-        return OOM
-    return FAILED
-
-
-def run_one(fn: Callable, payload: Any, ctx: TaskContext) -> tuple[str, float | None, dict, str | None]:
-    """Run one task and turn whatever happens into (status, fitness, metrics, error)."""
-    ctx.best_fitness = None
+def status_of(exc: BaseException) -> Status:
+    """A task may set `status` on its exception (e.g. "nan"); else the kind of error decides."""
     try:
-        out = fn(payload, ctx) or {}
+        return Status(getattr(exc, "status", None))
+    except ValueError:
+        pass
+    if isinstance(exc, MemoryError) or type(exc).__name__ == "OutOfMemoryError":
+        return Status.OOM
+    if isinstance(exc, FloatingPointError):  # e.g. evolve.train.NonFiniteLoss: the candidate diverged
+        return Status.NAN
+    return Status.FAILED
+
+
+def run_one(fn: Callable, task: Task, ctx: TaskContext) -> Outcome:
+    """Run one task and turn whatever happens into its Outcome."""
+    ctx.task_id, ctx.best_fitness = task.id, None
+    try:
+        out = fn(task.payload, ctx) or {}
     except Cancelled as c:
-        fitness = ctx.best_fitness if c.status == PRUNED else None
-        return c.status, fitness, {}, None
+        fitness = ctx.best_fitness if c.status == Status.PRUNED else None
+        return Outcome(task.id, Status(c.status), fitness)
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a status, the child lives on
         if isinstance(exc, KeyboardInterrupt):
             raise
         lines = traceback.format_exception_only(type(exc), exc)
         log.warning("task %s failed:\n%s", ctx.task_id, traceback.format_exc())
-        return _classify(exc), None, {}, "".join(lines).strip()[-2000:]
+        return Outcome(task.id, status_of(exc), None, {}, "".join(lines).strip()[-2000:])
     fitness = out.get("fitness")
     metrics = out.get("metrics", {})
     if fitness is None or not isinstance(fitness, (int, float)) or not math.isfinite(fitness):
-        return NAN, None, metrics, f"task returned a non-finite fitness: {fitness!r}"
-    return OK, float(fitness), metrics, None
+        return Outcome(task.id, Status.NAN, None, metrics, f"task returned a non-finite fitness: {fitness!r}")
+    return Outcome(task.id, Status.OK, float(fitness), metrics)
 
 
-def _setup_cpu(cores: list[int] | None, threads: int) -> None:
+def _setup_cpu(cores: tuple[int, ...] | None, threads: int) -> None:
     if cores:
         try:
             os.sched_setaffinity(0, cores)
@@ -114,33 +119,30 @@ def _die_with_parent() -> None:
 def main(fd: int) -> None:
     _die_with_parent()
     conn = Connection(fd)
-    setup = conn.recv()
+    setup: TrainerSetup = conn.recv()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
-                        format=f"%(asctime)s trainer[rank {setup['rank']}] %(levelname)s %(name)s: %(message)s")
+                        format=f"%(asctime)s trainer[rank {setup.rank}] %(levelname)s %(name)s: %(message)s")
     warnings.filterwarnings("ignore", message=".*non-writable.*")  # shared data is mapped read-only on purpose
     try:
         shared = None
         data: dict = {}
-        if setup.get("data"):
+        if setup.data:
             from datashare.share import open_shared
 
-            shared, data = open_shared(setup["data"])
-        fn = load_function(setup["task_fn"])
-        _setup_cpu(setup.get("cores"), setup["threads"])
+            shared, data = open_shared(setup.data)
+        fn = load_function(setup.task_fn)
+        _setup_cpu(setup.cores, setup.threads)
     except BaseException as exc:  # noqa: BLE001 - tell the supervisor why, then die
-        conn.send(("fatal", f"{type(exc).__name__}: {exc}"))
+        conn.send(TrainerFailed(f"{type(exc).__name__}: {exc}"))
         raise
-    ctx = TaskContext(conn, data, setup["device"], setup["threads"])
-    conn.send(("ready", os.getpid()))
+    ctx = TaskContext(conn, data, setup.device, setup.threads, setup.rank)
+    conn.send(TrainerReady(os.getpid()))
     while True:
         msg = conn.recv()
-        if msg[0] == "stop":
+        if isinstance(msg, Stop):
             break
-        if msg[0] != "task":
-            continue  # a cancel for a task that already ended
-        ctx.task_id = msg[1]
-        status, fitness, metrics, error = run_one(fn, msg[2], ctx)
-        conn.send(("result", msg[1], status, fitness, metrics, error))
+        if isinstance(msg, Task):  # anything else is a cancel for a task that already ended
+            conn.send(run_one(fn, msg, ctx))
     if shared is not None:
         shared.close()
 

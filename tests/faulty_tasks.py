@@ -24,7 +24,7 @@ def faulty(payload, ctx):
     if fault == "hang":
         while True:
             time.sleep(1)
-    if payload.get("quick"):
+    if isinstance(payload, dict) and payload.get("quick"):
         return quick(payload, ctx)
     return train_task(payload, ctx)
 

@@ -2,7 +2,7 @@
 import pytest
 
 from evolve.errors import ConfigError
-from launch.config import Config, load_config, parse_value
+from galapagos.config import Config, load_config, parse_value
 
 
 def test_layers_of_config(tmp_path):

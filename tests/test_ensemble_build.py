@@ -12,8 +12,8 @@ import pytest
 from ensemble.members import SEED_BASE, EnsembleConfig, choose_members
 from ensemble.store import EnsembleError, load_manifest, member_dir
 from examples import shapes
-from launch import cli
-from launch.predict import load_network
+from galapagos import cli
+from galapagos.inference import load_network
 from tests.mpirun import describe_run, run_mpi
 from tests.test_evolve_run import SMALL, galapagos, journal
 
@@ -78,7 +78,7 @@ def test_design_end_to_end(design, shapes_file):
 def test_ensemble_from_a_run_and_resume(design, shapes_file, tmp_path):
     run, _ = design
     out = tmp_path / "ens"
-    args = ["-m", "launch.cli", "ensemble", "--from", run, "--data", shapes_file, "--out", out, "--members", 4,
+    args = ["-m", "galapagos.cli", "ensemble", "--from", run, "--data", shapes_file, "--out", out, "--members", 4,
             "--strategy", "distinct", "--set", "ensemble.max_rounds=10"]
     proc = run_mpi(3, args, timeout=180)
     assert proc.returncode == 0, describe_run(proc)
@@ -111,7 +111,7 @@ def test_ensemble_from_a_run_and_resume(design, shapes_file, tmp_path):
     (out / "results.jsonl").write_text("".join(lines[:-1]))
     shutil.rmtree(member_dir(out, last["name"]))
     (out / "ensemble.json").unlink()
-    proc = run_mpi(3, ["-m", "launch.cli", "ensemble", "--from", run, "--data", shapes_file, "--out", out,
+    proc = run_mpi(3, ["-m", "galapagos.cli", "ensemble", "--from", run, "--data", shapes_file, "--out", out,
                        "--resume"], timeout=180)
     assert proc.returncode == 0, describe_run(proc)
     again = journal(out)
@@ -124,7 +124,7 @@ def test_ensemble_from_a_run_and_resume(design, shapes_file, tmp_path):
 def test_a_crashed_member_is_recorded_and_the_rest_make_the_ensemble(design, shapes_file, tmp_path):
     run, _ = design
     out = tmp_path / "ens"
-    proc = run_mpi(3, ["-m", "launch.cli", "ensemble", "--from", run, "--data", shapes_file, "--out", out,
+    proc = run_mpi(3, ["-m", "galapagos.cli", "ensemble", "--from", run, "--data", shapes_file, "--out", out,
                        "--members", 3, "--set", "run.task='tests.faulty_tasks:aborts_task_1'"], timeout=180)
     assert proc.returncode == 0, describe_run(proc)
     by_id = {r["id"]: r for r in journal(out)}
@@ -141,7 +141,7 @@ def test_a_crashed_member_is_recorded_and_the_rest_make_the_ensemble(design, sha
 
 
 def test_no_member_trained_is_a_clear_error(design, shapes_file, tmp_path):
-    from launch.ensemble_run import finish, prepare
+    from galapagos.ensembling import finish, prepare
 
     run, _ = design
     job = prepare(run, shapes_file, tmp_path / "ens", overrides={"ensemble.members": 2})
@@ -180,7 +180,7 @@ def test_selection_weights_reproduce_the_saved_metrics(design, shapes_file):
     """The manifest's weights applied to the members' own predictions give the saved ensemble metrics."""
     from datashare.format import load
     from ensemble.metrics import classification_metrics
-    from launch.predict import predict_outputs
+    from galapagos.inference import predict_outputs
 
     run, _ = design
     ens = run / "ensemble"

@@ -15,8 +15,8 @@ from ensemble.metrics import classification_metrics, regression_metrics
 from ensemble.store import EnsembleError, load_manifest, member_dir, save_manifest
 from examples import cosmoflow, shapes
 from examples.random_ensemble import write_random_ensemble
-from launch.cli import main
-from launch.predict import load_network, predict, predict_ensemble, predict_outputs
+from galapagos.cli import main
+from galapagos.inference import load_network, predict, predict_ensemble, predict_outputs
 from tests.mpirun import describe_run, run_mpi
 from tests.test_evolve_run import galapagos
 
@@ -148,7 +148,7 @@ def test_regression_average_in_one_process(cosmo_ens, tmp_path):
 
 
 def _mpi_predict(n: int, ens: Path, data: Path, save: Path, *extra) -> dict:
-    proc = run_mpi(n, ["-m", "launch.cli", "predict", "--model", ens, "--data", data, "--json", "--save", save,
+    proc = run_mpi(n, ["-m", "galapagos.cli", "predict", "--model", ens, "--data", data, "--json", "--save", save,
                        "--batch", 16, *extra], timeout=180)
     assert proc.returncode == 0, describe_run(proc)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
@@ -212,7 +212,7 @@ def test_self_start_and_single_network_under_mpi(cosmo_ens, tmp_path):
     np.testing.assert_allclose(read_h5(tmp_path / "p.h5")[0]["std"], read_h5(tmp_path / "one.h5")[0]["std"],
                                rtol=RTOL, atol=ATOL)
 
-    single = run_mpi(2, ["-m", "launch.cli", "predict", "--model", member_dir(ens, "m001"), "--data", data, "--json"],
+    single = run_mpi(2, ["-m", "galapagos.cli", "predict", "--model", member_dir(ens, "m001"), "--data", data, "--json"],
                      timeout=120)
     assert single.returncode == 0, describe_run(single)
     lines = single.stdout.strip().splitlines()
@@ -269,11 +269,11 @@ def test_errors_under_mpi_reach_rank_0_and_no_rank_hangs(shapes_ens, cosmo_ens, 
     stops, rank 0 alone reports the error, exit code 2."""
     ens = _broken_copy(shapes_ens[0], tmp_path)
     (member_dir(ens, "m001") / "model.pt").write_bytes(b"not a state dict")
-    proc = run_mpi(2, ["-m", "launch.cli", "predict", "--model", ens, "--data", shapes_ens[1]], timeout=120)
+    proc = run_mpi(2, ["-m", "galapagos.cli", "predict", "--model", ens, "--data", shapes_ens[1]], timeout=120)
     assert proc.returncode == 2, describe_run(proc)
     assert proc.stderr.count("galapagos predict: error:") == 1 and "m001" in proc.stderr, describe_run(proc)
     assert "model.pt is unreadable" in proc.stderr
 
-    proc = run_mpi(2, ["-m", "launch.cli", "predict", "--model", shapes_ens[0], "--data", cosmo_ens[1]], timeout=120)
+    proc = run_mpi(2, ["-m", "galapagos.cli", "predict", "--model", shapes_ens[0], "--data", cosmo_ens[1]], timeout=120)
     assert proc.returncode == 2, describe_run(proc)
     assert proc.stderr.count("galapagos predict: error:") == 1 and "the model expects" in proc.stderr

@@ -43,13 +43,13 @@ def galapagos(*args, timeout: float = 120, env: dict | None = None) -> subproces
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_", "SLURM_"))}
     clean["PYTHONPATH"] = str(REPO)
     clean.update(env or {})
-    return subprocess.run([sys.executable, "-m", "launch.cli", *map(str, args)], cwd=REPO, env=clean,
+    return subprocess.run([sys.executable, "-m", "galapagos.cli", *map(str, args)], cwd=REPO, env=clean,
                           capture_output=True, text=True, timeout=timeout)
 
 
 def test_evolution_run_end_to_end(shapes_file, tmp_path):
     out = tmp_path / "run"
-    proc = run_mpi(3, ["-m", "launch.cli", "evolve", "--data", shapes_file, "--out", out, "--evaluations", 8, *SMALL],
+    proc = run_mpi(3, ["-m", "galapagos.cli", "evolve", "--data", shapes_file, "--out", out, "--evaluations", 8, *SMALL],
                    timeout=300)
     assert proc.returncode == 0, describe_run(proc)
     records = journal(out)
@@ -82,7 +82,7 @@ def test_evolution_run_end_to_end(shapes_file, tmp_path):
 
 def test_regression_3d_run_and_predict(cosmo_file, tmp_path):
     out = tmp_path / "run"
-    proc = run_mpi(3, ["-m", "launch.cli", "evolve", "--data", cosmo_file, "--out", out, "--evaluations", 4, *SMALL],
+    proc = run_mpi(3, ["-m", "galapagos.cli", "evolve", "--data", cosmo_file, "--out", out, "--evaluations", 4, *SMALL],
                    timeout=300)
     assert proc.returncode == 0, describe_run(proc)
     assert len(journal(out)) == 4
@@ -96,7 +96,7 @@ def test_regression_3d_run_and_predict(cosmo_file, tmp_path):
 def test_faults_are_recorded_and_the_run_completes(shapes_file, tmp_path):
     """Task 1 raises, 2 returns NaN, 3 segfaults, 4 hangs past its limit, 5 aborts; the rest train for real."""
     out = tmp_path / "run"
-    proc = run_mpi(4, ["-m", "launch.cli", "evolve", "--data", shapes_file, "--out", out, "--evaluations", 9, *SMALL,
+    proc = run_mpi(4, ["-m", "galapagos.cli", "evolve", "--data", shapes_file, "--out", out, "--evaluations", 9, *SMALL,
                        "--set", "run.task='tests.faulty_tasks:faulty'", "--set", "run.task_timeout=8.0"],
                    timeout=300)
     assert proc.returncode == 0, describe_run(proc)
@@ -121,14 +121,14 @@ def _rank0_pid(out: Path) -> int | None:
             env = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"launch.cli" in cmd and str(out).encode() in cmd and b"PMI_RANK=0" in env:
+        if b"galapagos.cli" in cmd and str(out).encode() in cmd and b"PMI_RANK=0" in env:
             return int(entry.name)
     return None
 
 
 def test_resume_after_killing_the_master(shapes_file, tmp_path):
     out = tmp_path / "run"
-    args = ["-m", "launch.cli", "evolve", "--data", shapes_file, "--out", out, *SMALL,
+    args = ["-m", "galapagos.cli", "evolve", "--data", shapes_file, "--out", out, *SMALL,
             "--set", "run.task='tests.faulty_tasks:slow_quick'"]
     from tests.mpirun import mpiexec
 
@@ -172,7 +172,7 @@ def test_self_start_and_random_strategy(shapes_file, tmp_path):
 
 
 def test_one_rank_says_it_needs_a_worker(shapes_file, tmp_path):
-    proc = run_mpi(1, ["-m", "launch.cli", "evolve", "--data", shapes_file, "--out", tmp_path / "r", "--evaluations",
+    proc = run_mpi(1, ["-m", "galapagos.cli", "evolve", "--data", shapes_file, "--out", tmp_path / "r", "--evaluations",
                        2], timeout=60)
     assert proc.returncode == 2
     assert "at least one worker" in proc.stderr

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from datashare import format as fmt
-from datashare.format import DataError, check_values, describe, import_npz, inspect, load, validate, write_dataset
+from datashare.format import DataError, check_values, describe, inspect, load, validate
+from datashare.write import import_npz, write_dataset
 from examples import cosmoflow, shapes
 
 REPO = Path(__file__).resolve().parent.parent

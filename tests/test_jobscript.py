@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from examples import shapes
-from launch.cli import main
-from launch.jobscript import SCHEDULERS, SCHEDULERS_ORDER, load_site
+from galapagos.cli import main
+from launch.scripts import SCHEDULERS, SCHEDULERS_ORDER, load_site
 from tests.mpirun import REPO
 
 SITES = sorted((REPO / "examples" / "sites").glob("*.toml"))
@@ -95,7 +95,7 @@ def test_every_scheduler_renders_the_layout(scheduler, nodes, gpus, data, tmp_pa
 
     # the command: this installation's galapagos, absolute paths, the resolved config pinned beside the script
     cmd = command_array(text)
-    assert cmd[0].endswith("galapagos") or cmd[1:3] == ["-m", "launch.cli"]
+    assert cmd[0].endswith("galapagos") or cmd[1:3] == ["-m", "galapagos.cli"]
     sub = cmd[cmd.index("evolve"):]
     assert sub[sub.index("--data") + 1] == str(data) and sub[sub.index("--out") + 1] == str(out_dir)
     pinned = Path(sub[sub.index("--config") + 1])
@@ -382,14 +382,15 @@ def _alive(pid: int) -> bool:
 
 
 def test_lsf_wall_time_is_whole_minutes_rounded_up():
-    from launch.jobscript import _lsf_time, parse_walltime
+    from launch.scripts import parse_walltime
+    from launch.scripts.schedulers import _lsf_time
 
     assert _lsf_time(parse_walltime("00:59:30")) == "01:00" and _lsf_time(parse_walltime("90")) == "01:30"
     assert parse_walltime("2-00:00") == 172800 and parse_walltime("00:01:05") == 65
 
 
 def test_python_entry_is_the_launch_cli():
-    """Run as `python -m launch.cli launch --help`: the subcommand is wired into the shared CLI."""
-    proc = subprocess.run([sys.executable, "-m", "launch.cli", "launch", "--help"], cwd=REPO, capture_output=True,
+    """Run as `python -m galapagos.cli launch --help`: the subcommand is wired into the shared CLI."""
+    proc = subprocess.run([sys.executable, "-m", "galapagos.cli", "launch", "--help"], cwd=REPO, capture_output=True,
                           text=True, check=False, timeout=60)
     assert proc.returncode == 0 and "--scheduler" in proc.stdout and "--resume" in proc.stdout

@@ -2,7 +2,7 @@
 import io
 import logging
 
-from launch.progress import ProgressView, Snapshot, line
+from galapagos.progress import ProgressView, Snapshot, line
 
 
 def snap(**kw):

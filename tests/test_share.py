@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 import pytest
 
-from datashare.format import write_dataset
+from datashare.write import write_dataset
 from datashare.shm import remove_stale
 from mpirun import assert_ranks, describe_run, run_mpi
 
@@ -41,7 +41,7 @@ def _dataset(path: Path, compression: str | None) -> str:
 
 @pytest.mark.parametrize("compression", [None, "gzip"], ids=["contiguous-read-raw", "compressed-read-by-hdf5"])
 def test_file_read_by_every_node_leader_matches_a_plain_load_with_carved_val(tmp_path, compression):
-    from datashare.share import dataset_plan
+    from datashare.plan import dataset_plan
 
     path = _dataset(tmp_path / "d.h5", compression)
     raw = [s.offset is not None for s in dataset_plan(path, ("train", "test"))[0].sources]

@@ -72,7 +72,7 @@ def data(tmp_path_factory) -> Path:
 
 def galapagos(*args) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_", "SLURM_"))}
-    return subprocess.run([sys.executable, "-m", "launch.cli", *map(str, args)], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "galapagos.cli", *map(str, args)], cwd=REPO, env=env,
                           capture_output=True, text=True, check=False, timeout=120)
 
 

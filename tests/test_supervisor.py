@@ -6,7 +6,10 @@ import time
 import pytest
 
 import launch.supervisor as supervisor_mod
-from launch.messages import CRASHED, FAILED, NAN, OK, PRUNED, TIMEOUT, Progress, Result, Task
+from launch.protocol import Progress, Result, Status, Task
+
+OK, PRUNED, FAILED, NAN, CRASHED, TIMEOUT = (Status.OK, Status.PRUNED, Status.FAILED, Status.NAN, Status.CRASHED,
+                                            Status.TIMEOUT)
 from launch.supervisor import Supervisor
 
 

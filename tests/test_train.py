@@ -7,6 +7,8 @@ from evolve.build import build_model
 from evolve.genome import Genome
 from evolve.problem import Problem
 from evolve.train import NonFiniteLoss, TrainConfig, train_candidate
+from launch.protocol import Status
+from launch.trainer import status_of
 
 
 def genome(layers, **kw):
@@ -61,7 +63,7 @@ def test_divergence_raises_nonfinite():
     g = genome([{"type": "dense", "units": 16, "act": "relu"}], optimizer="sgd", lr=1e30)
     with pytest.raises(NonFiniteLoss) as err:
         train_candidate(g, problem, {"train": (x, y), "val": (x, y)}, TrainConfig(epochs=3, grad_clip=0.0))
-    assert err.value.status == "nan"
+    assert status_of(err.value) == Status.NAN  # how the trainer child records it
 
 
 def test_uint8_and_float16_inputs():

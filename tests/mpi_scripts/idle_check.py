@@ -1,8 +1,9 @@
 """Ranks waiting on others must not spin: CPU seconds of the master and the worker ranks while tasks sleep."""
 import time
 
-from launch.job import WorkerSetup, master_run, worker_main
-from launch.messages import Task
+from launch.protocol import Setup
+from launch.session import master_run, worker_main
+from launch.protocol import Task
 from launch.mpi import world
 
 
@@ -33,7 +34,7 @@ class Sleepers:
 comm = world()
 wall, cpu = time.time(), time.process_time()
 if comm.rank == 0:
-    master_run(comm, WorkerSetup("tests.faulty_tasks:sleeper"), Sleepers(2 * (comm.size - 1), 2.0))
+    master_run(comm, Setup("tests.faulty_tasks:sleeper"), Sleepers(2 * (comm.size - 1), 2.0))
 else:
     worker_main(comm)
 share = (time.process_time() - cpu) / (time.time() - wall)

@@ -15,7 +15,8 @@ import zlib
 import numpy as np
 
 from datashare import share as ds
-from datashare.share import DataShareError, Plan, dataset_plan, open_shared, share
+from datashare.plan import Plan, Source, array_name, dataset_plan, split_arrays
+from datashare.share import DataShareError, open_shared, share
 from launch.mpi import node_comm, world
 
 DTYPES = ("float32", "float16", "float64", "uint8", "int8", "int32", "int64", "bool", "complex64")
@@ -64,12 +65,13 @@ def case_file(comm, node, path: str) -> None:
 
             _, ref = load(path, ("train", "test"))
             for split, (x, y) in ref.items():
-                assert np.array_equal(got.arrays[f"{split}/x"], x) and np.array_equal(got.arrays[f"{split}/y"], y)
+                assert np.array_equal(got.arrays[array_name(split, "x")], x)
+                assert np.array_equal(got.arrays[array_name(split, "y")], y)
             _, carved = load(path, ("train", "val"), val_fraction=0.25, seed=3)
-            for split, (x, y) in carved.items():
-                idx = got.arrays[f"{split}/index"]
-                assert np.array_equal(got.arrays["train/x"][idx], x), split
-                assert np.array_equal(got.arrays["train/y"][idx], y), split
+            for split, part in split_arrays(got.arrays, ("train", "val")).items():
+                x, y = carved[split]
+                assert part.index is not None, split
+                assert np.array_equal(part.x[part.index], x) and np.array_equal(part.y[part.index], y), split
         else:
             assert got.arrays == {}
 
@@ -133,7 +135,7 @@ def case_large(comm, node, path: str) -> None:
 
     with h5py.File(path, "r") as f:
         n, row = f["big"].shape
-    plan = ds.Plan(path, (ds.Source("big", (n, row), "|u1", "/big"),), chunk_bytes=256 << 20)
+    plan = Plan(path, (Source("big", (n, row), "|u1", "/big"),), chunk_bytes=256 << 20)
     with share(comm, node, plan if comm.rank == 0 else None) as got:
         a = got.arrays["big"]
         assert a.nbytes > 2**32, a.nbytes

@@ -4,6 +4,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import tomli_w
 
@@ -13,6 +14,9 @@ from evolve.errors import ConfigError
 from evolve.settings import from_table
 from evolve.space import SearchSpace
 from evolve.train import TrainConfig
+
+if TYPE_CHECKING:
+    from galapagos.options import EvolveOptions
 
 
 @dataclass(frozen=True)
@@ -113,3 +117,36 @@ def load_config(path: str | Path | None, sets: list[str] = (), overrides: dict |
         section, name = key.split(".")
         d.setdefault(section, {})[name] = value
     return Config.from_dict(d)
+
+
+def ensemble_overrides(members: int | None, strategy: str | None = None) -> dict:
+    """--members (ensemble and design) and the ensemble's --strategy as config overrides."""
+    if members is not None and members < 1:
+        raise ConfigError(f"--members {members}: an ensemble needs at least one member")
+    flags = {"ensemble.members": members, "ensemble.strategy": strategy}
+    return {k: v for k, v in flags.items() if v is not None}
+
+
+def evolve_config(opts: "EvolveOptions") -> Config:
+    """An evolution run's config: its file (with --resume the run's own), --set, then the flags; it must have a
+    budget."""
+    from galapagos.rundir import RunDir
+
+    overrides = {}
+    if opts.evaluations is not None:
+        overrides["run.evaluations"] = opts.evaluations
+    if opts.budget_minutes is not None:
+        overrides["run.budget_minutes"] = opts.budget_minutes
+    if opts.strategy is not None:
+        overrides["evolution.strategy"] = opts.strategy
+    overrides.update(ensemble_overrides(opts.members))
+    path = opts.config
+    if opts.resume:
+        if opts.config:
+            raise ConfigError("--resume uses the run's own config.toml; change it with --set instead of --config")
+        path = RunDir.check(opts.out, resume=True).config
+    config = load_config(path, opts.set, overrides)
+    if not config.run.evaluations and not config.run.budget_minutes:
+        raise ConfigError("no budget: give --evaluations N or --budget-minutes M (or run.evaluations / "
+                          "run.budget_minutes in the config)")
+    return config

@@ -1,12 +1,21 @@
-"""The run directory: resolved config, the append-only journal of evaluations, the best network, logs."""
+"""The run directory: resolved config, the append-only journal of evaluations, the best network, logs.
+
+An ensemble directory keeps its journal the same way. One journal line (results.jsonl) per finished task:
+what ran (an evaluation: parents, origin; an ensemble member: name, seed, origin; both: id, genome, key, params),
+how it ended (status, fitness, metrics, the fitness after each epoch as `curve`, error) and where and when (rank,
+host, start, end). Only :func:`journal_record` makes one.
+"""
 from __future__ import annotations
 
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Iterable
+
+from evolve.files import write_json
+from evolve.netdir import NetworkDir
+from launch.protocol import Result, Status
 
 log = logging.getLogger(__name__)
 
@@ -17,14 +26,11 @@ class RunDirError(ValueError):
     pass
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def write_json(path: Path, obj: Any) -> None:
-    _atomic_write(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+def journal_record(result: Result, curve: list[float], what: dict) -> dict:
+    """One journal line: `what` ran, and how, where and when it ended."""
+    return {"id": result.id, **what, "status": Status(result.status).value, "fitness": result.fitness,
+            "metrics": result.metrics, "curve": curve, "rank": result.rank, "host": result.host,
+            "start": result.started, "end": result.ended, "error": result.error}
 
 
 class RunDir:
@@ -34,6 +40,7 @@ class RunDir:
         self.path = Path(path)
         self.journal = self.path / JOURNAL
         self.config = self.path / "config.toml"
+        self.summary = self.path / "summary.json"
         self.best = self.path / "best"
         self.models = self.path / "models"
         self.logs = self.path / "log"
@@ -92,16 +99,11 @@ class RunDir:
 
     def save_best(self, record: dict, extra: dict) -> None:
         """Copy an evaluation's weights, genome and metrics into best/ (each file replaced atomically)."""
-        self.best.mkdir(exist_ok=True)
         src = self.model_path(record["id"])
-        if src.exists():
-            tmp = self.best / f".model.pt.tmp{os.getpid()}"
-            shutil.copyfile(src, tmp)
-            os.replace(tmp, self.best / "model.pt")
-        write_json(self.best / "genome.json", record["genome"])
-        write_json(self.best / "metrics.json", {**extra, "id": record["id"], "fitness": record["fitness"],
-                                                "metrics": record["metrics"], "params": record["params"],
-                                                "key": record["key"]})
+        NetworkDir(self.best).write(record["genome"], {**extra, "id": record["id"], "fitness": record["fitness"],
+                                                       "metrics": record["metrics"], "params": record["params"],
+                                                       "key": record["key"]},
+                                    weights_from=src if src.exists() else None)
 
     def prune_models(self, keep: Iterable[int]) -> None:
         keep = {f"{i}.pt" for i in keep}

@@ -1,4 +1,4 @@
-"""The master's side of an ensemble build: one member per task on the workers, then selection, manifest, metrics.
+"""The ensemble build: its inputs checked before any rank starts, and rank 0's part: one member per task on the workers, then selection, manifest, metrics.
 
 Members train through the same runtime as the evolution run (supervised trainer children, time limits, crash
 handling); a member that fails is recorded in DIR/results.jsonl with its status and left out, and the ensemble is
@@ -6,10 +6,10 @@ built from the rest. `--resume` reads the saved plan and the journal and trains 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import shutil
-import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,24 +18,29 @@ from typing import Any
 import numpy as np
 
 from datashare.format import DataError, inspect, load
-from datashare.share import DataShareError, dataset_plan
+from datashare.plan import dataset_plan
 from ensemble.members import MemberSpec, choose_members
 from ensemble.selection import Selection, combine, select
 from ensemble.store import EnsembleError, Manifest, Member, member_dir, save_manifest
 from evolve.build import count_params
+from evolve.files import write_json
 from evolve.genome import Genome
+from evolve.netdir import ModelError, NetworkDir
 from evolve.problem import Problem
-from launch.config import Config, load_config
-from launch.job import WorkerSetup, master_start
-from launch.messages import CANCELLED, OK, Progress, Result, Task
-from launch.progress import ProgressView, Snapshot
-from launch.rundir import RunDir, RunDirError, write_json
-from launch.runtime import MasterState, master_serve, stop_signal
+from evolve.train import TrainTask
+from galapagos.config import Config, ensemble_overrides, load_config
+from galapagos.mpijob import Flow, setup_logging, starting
+from galapagos.options import EnsembleOptions
+from galapagos.progress import ProgressView, Snapshot
+from galapagos.sources import JournalSource
+from galapagos.rundir import RunDir, RunDirError
+from launch.protocol import Result, Setup, Status, Task
+from launch.runtime import master_serve, stop_signal
+from launch.session import master_start
 
 log = logging.getLogger(__name__)
 
 PLAN = "plan.json"
-MEMBER_FILES = ("genome.json", "model.pt", "metrics.json")
 
 
 @dataclass(frozen=True)
@@ -60,13 +65,13 @@ def prepare(source: str | Path, data: str | Path, out: str | Path, *, sets: list
     src, dst = RunDir(source), RunDir(out)
     if not src.journal.exists():
         raise RunDirError(f"--from {source}: no results.jsonl (not a run directory)")
-    best = src.best / "metrics.json"
-    if not best.exists():
+    best = NetworkDir(src.best)
+    if not best.metrics_file.exists():
         raise RunDirError(f"--from {source}: no best/metrics.json (no evaluation of the run finished)")
     try:
-        problem = Problem.from_dict(json.loads(best.read_text())["problem"])
-    except (ValueError, KeyError) as exc:
-        raise RunDirError(f"--from {source}: unreadable best/metrics.json: {exc}") from None
+        problem = best.problem()
+    except ModelError as exc:
+        raise RunDirError(f"--from {exc}") from None
     if not dst.path.parent.exists():
         raise RunDirError(f"--out {dst.path}: parent directory {dst.path.parent} does not exist")
     plan = dst.path / PLAN
@@ -81,11 +86,8 @@ def prepare(source: str | Path, data: str | Path, out: str | Path, *, sets: list
             raise RunDirError(f"--out {dst.path} exists and is not empty; use --resume or a new --out")
         config = load_config(src.config if src.config.exists() else None, sets, overrides)
     info = inspect(data)
-    if (tuple(info.sample_shape), info.task, info.num_targets) != (problem.sample_shape, problem.task,
-                                                                  problem.num_outputs):
-        raise DataError(f"{data}: does not match the run {src.path}: the run evolved {problem.task} networks for "
-                        f"samples of shape {problem.sample_shape} with {problem.num_outputs} outputs; the file has "
-                        f"{info.task}, {tuple(info.sample_shape)}, {info.num_targets}")
+    if why := problem.mismatch(info):
+        raise DataError(f"{data}: does not match the run {src.path}: the run evolved networks for {why}")
     if resume:
         try:
             specs = [MemberSpec.from_dict(d) for d in json.loads(plan.read_text())]
@@ -101,25 +103,20 @@ def prepare(source: str | Path, data: str | Path, out: str | Path, *, sets: list
 
 def member_done(out: RunDir, record: dict) -> bool:
     """A journalled member that --resume does not train again: a failure, or an ok one whose files are there."""
-    return record["status"] != OK or all((member_dir(out.path, record["name"]) / f).exists() for f in MEMBER_FILES)
+    return record["status"] != Status.OK or NetworkDir(member_dir(out.path, record["name"])).complete()
 
 
-class EnsembleSource:
+class EnsembleSource(JournalSource):
     """One task per member, no pruning; every result is journalled the moment it arrives."""
 
     def __init__(self, job: EnsembleJob, *, records: list[dict] = (), view: ProgressView | None = None):
-        self.job, self.out, self.view = job, job.out, view or ProgressView()
+        done = {r["name"] for r in records if member_done(job.out, r)}
+        super().__init__(job.out, [r for r in records if r["name"] in done], view=view)
+        self.job = job
         cfg = job.config
-        epochs = cfg.ensemble.member_epochs(cfg.train.epochs)
-        self.train = {**cfg.train.to_dict(), "epochs": epochs}
+        self.train = dataclasses.replace(cfg.train, epochs=cfg.ensemble.member_epochs(cfg.train.epochs))
         self.timeout = cfg.ensemble.member_timeout(cfg.run.task_timeout, cfg.train.epochs)
-        done = {r["name"] for r in records if member_done(self.out, r)}
-        self.records = [r for r in records if r["name"] in done]
         self.pending = [i for i, s in enumerate(job.specs) if s.name not in done]
-        self.curves: dict[int, list[float]] = {}  # running member -> fitness after each epoch
-        self.started = time.time()
-        self.state: MasterState | None = None
-        self.shown = -1
         self.cancelled = 0  # members stopped by a stop signal, not journalled
 
     def next_task(self) -> Task | None:
@@ -127,11 +124,11 @@ class EnsembleSource:
             return None
         i = self.pending.pop(0)
         spec = self.job.specs[i]
-        where = member_dir(self.out.path, spec.name)
-        where.mkdir(parents=True, exist_ok=True)
-        self.curves[i] = []
-        payload = {"genome": spec.genome, "problem": self.job.problem.to_dict(), "train": self.train,
-                   "seed": spec.seed, "save": str(where / "model.pt")}
+        net = NetworkDir(member_dir(self.job.out.path, spec.name))
+        net.path.mkdir(parents=True, exist_ok=True)
+        self.running(i)
+        payload = TrainTask(Genome.from_json(spec.genome), self.job.problem, self.train, seed=spec.seed,
+                            save=str(net.model_file))
         return Task(i, payload, self.timeout)
 
     def finished(self) -> bool:
@@ -139,50 +136,33 @@ class EnsembleSource:
 
     def on_result(self, r: Result) -> None:
         spec = self.job.specs[r.id]
-        curve = self.curves.pop(r.id, [])
-        where = member_dir(self.out.path, spec.name)
-        if r.status == CANCELLED:  # the job is ending; --resume trains it again
-            shutil.rmtree(where, ignore_errors=True)
+        net = NetworkDir(member_dir(self.job.out.path, spec.name))
+        params = count_params(Genome.from_json(spec.genome), self.job.problem)
+        record = self.journal_result(r, {"name": spec.name, "genome": spec.genome, "key": spec.key,
+                                         "seed": spec.seed, "origin": spec.origin, "params": params})
+        if record is None:  # cancelled: --resume trains it again
+            shutil.rmtree(net.path, ignore_errors=True)
             self.cancelled += 1
             return
-        record = {"id": r.id, "name": spec.name, "genome": spec.genome, "key": spec.key, "seed": spec.seed,
-                  "origin": spec.origin, "status": r.status, "fitness": r.fitness, "metrics": r.metrics,
-                  "curve": curve, "params": count_params(Genome.from_json(spec.genome), self.job.problem),
-                  "rank": r.rank, "host": r.host, "start": r.started, "end": r.ended, "error": r.error}
-        self.out.append(record)
-        self.records.append(record)
-        if r.status == OK and (where / "model.pt").exists():
-            write_json(where / "genome.json", spec.genome)
-            write_json(where / "metrics.json", {
-                "problem": self.job.problem.to_dict(), "fitness": r.fitness, "metrics": r.metrics,
-                "params": record["params"], "seed": spec.seed, "origin": spec.origin, "key": spec.key,
-                "name": spec.name, "describe": Genome.from_json(spec.genome).describe()})
+        if r.status == Status.OK and net.model_file.exists():
+            net.write(spec.genome, {"problem": self.job.problem.to_dict(), "fitness": r.fitness, "metrics": r.metrics,
+                                    "params": params, "seed": spec.seed, "origin": spec.origin, "key": spec.key,
+                                    "name": spec.name, "describe": Genome.from_json(spec.genome).describe()})
             return
-        shutil.rmtree(where, ignore_errors=True)  # a failed member leaves only its journal line
-        self.view.message(f"member {spec.name} {r.status} in {r.seconds:.1f}s on rank {r.rank}"
-                          + (f": {r.error.splitlines()[-1]}" if r.error else ""))
+        shutil.rmtree(net.path, ignore_errors=True)  # a failed member leaves only its journal line
+        self.warn(f"member {spec.name}", r)
 
-    def on_progress(self, p: Progress) -> str | None:
-        fit = p.metrics.get("fitness")
-        if isinstance(fit, (int, float)) and p.id in self.curves:
-            self.curves[p.id].append(fit)
-        return None  # members train to completion
-
-    def on_tick(self, state: MasterState) -> None:
-        self.state = state
-        ok = [r["fitness"] for r in self.records if r["status"] == OK]
-        snap = Snapshot(done=len(self.records), total=len(self.job.specs), best=max(ok, default=None),
-                        busy=state.busy, workers=state.workers, failures=len(self.records) - len(ok),
-                        elapsed=time.time() - self.started, remaining=None)
-        self.view.show(snap, force=len(self.records) != self.shown)
-        self.shown = len(self.records)
+    def snapshot(self) -> Snapshot:
+        ok = [r["fitness"] for r in self.records if r["status"] == Status.OK]
+        return self._snapshot(total=len(self.job.specs), best=max(ok, default=None),
+                              failures=len(self.records) - len(ok))
 
 
 def start_workers(comm: Any, job: EnsembleJob) -> Any:
     """Write the directory's config and plan, then send the workers their setup and the train/val data, as an
     evolution run does. Returns master_start's hold on the shared data (close it after serving)."""
     run = job.config.run
-    try:
+    with starting(comm):
         for d in (job.out.path, job.out.path / "members", job.out.logs):
             d.mkdir(parents=True, exist_ok=True)
         job.out.config.write_text(job.config.dumps())
@@ -190,10 +170,7 @@ def start_workers(comm: Any, job: EnsembleJob) -> Any:
             write_json(job.out.path / PLAN, [s.to_dict() for s in job.specs])
         plan, memory, _ = dataset_plan(job.data, ("train", "val"), val_fraction=run.val_fraction, seed=run.seed,
                                        chunk_bytes=run.chunk_mib << 20, readers=run.readers or "node")
-    except (DataError, DataShareError, OSError) as exc:
-        master_start(comm, str(exc))
-        raise DataError(str(exc)) from None
-    return master_start(comm, WorkerSetup(run.task, str(job.out.logs)), plan, memory)
+    return master_start(comm, Setup(run.task, str(job.out.logs)), plan, memory)
 
 
 def master_build(comm: Any, job: EnsembleJob) -> dict | None:
@@ -205,7 +182,7 @@ def master_build(comm: Any, job: EnsembleJob) -> dict | None:
     view = ProgressView()
     source = EnsembleSource(job, records=records, view=view)
     log.info("training %d of %d ensemble member(s) (%d epochs each, limit %.0f s) on %d worker(s)",
-             len(source.pending), len(job.specs), source.train["epochs"], source.timeout, comm.size - 1)
+             len(source.pending), len(job.specs), source.train.epochs, source.timeout, comm.size - 1)
     try:
         master_serve(comm, source, stop=stop_signal)
     finally:
@@ -224,10 +201,10 @@ def latest(records: list[dict]) -> dict[str, dict]:
 
 def finish(job: EnsembleJob, records: list[dict], device: str = "cpu") -> dict:
     """Selection on val, the manifest, and metrics of the ensemble and of each member on val and test."""
-    from launch.predict import load_network, predict_outputs, score
+    from galapagos.inference import load_network, predict_outputs, score
 
     by_name = latest(records)
-    ok = [s for s in job.specs if s.name in by_name and by_name[s.name]["status"] == OK
+    ok = [s for s in job.specs if s.name in by_name and by_name[s.name]["status"] == Status.OK
           and member_done(job.out, by_name[s.name])]
     statuses = Counter(by_name[s.name]["status"] for s in job.specs if s.name in by_name)
     if not ok:
@@ -271,55 +248,25 @@ def _brief(sel: Selection) -> dict:
             "picks": len(sel.picks)}
 
 
-def _keys(task: str) -> tuple[str, ...]:
-    return ("accuracy", "nll", "ece") if task == "classification" else ("mse", "mae", "r2")
+def check(opts: EnsembleOptions) -> EnsembleJob:
+    return prepare(opts.from_run, opts.data, opts.out, sets=opts.set, resume=opts.resume,
+                   overrides=ensemble_overrides(opts.members, opts.strategy))
 
 
-def _line(m: dict, task: str) -> str:
-    return ", ".join(f"{k} {m[k]:.4f}" for k in _keys(task))
+def build(comm: Any, job: EnsembleJob) -> dict:
+    """Rank 0: train, select and score the checked ensemble job; the metrics, or where it stopped."""
+    job.out.logs.mkdir(parents=True, exist_ok=True)
+    setup_logging(0, job.out.logs / "master.log")
+    metrics = master_build(comm, job)
+    if metrics is None:
+        return {"ensemble_dir": str(job.out.path), "stopped_by": stop_signal()}
+    return {**metrics, "ensemble_dir": str(job.out.path)}
 
 
-def format_metrics(metrics: dict) -> str:
-    """What the CLI prints: per split, the ensemble, its best member (by val) and every member."""
-    task = metrics["task"]
-    s = metrics["selection"]
-    used = sum(w > 0 for w in metrics["weights"].values())
-    lines = ["members: " + ", ".join(f"{k} {v}" for k, v in sorted(metrics["status"].items())),
-             (f"selection on val ({s['metric']}): best single member {s['single_best']:.4f} -> ensemble "
-              f"{s['ensemble']:.4f} with {used} member(s) in {s['picks']} pick(s)")]
-    for split in ("val", "test"):
-        if split not in metrics:
-            continue
-        m = metrics[split]
-        lines.append(f"{split} ({m['ensemble']['samples']} samples):")
-        lines.append(f"  ensemble             {_line(m['ensemble'], task)}")
-        lines.append(f"  run's best network   {_line(m['run_best'], task)}  (best/ of the search)")
-        for name, mm in m["members"].items():
-            mark = " (best member on val)" if name == metrics["best_member"] else ""
-            lines.append(f"  {name:<12} w {metrics['weights'][name]:.2f}  {_line(mm, task)}{mark}")
-    return "\n".join(lines)
+def master(comm: Any, opts: EnsembleOptions) -> dict:
+    with starting(comm):
+        job = check(opts)
+    return build(comm, job)
 
 
-def design_report(run: Path, job: EnsembleJob, metrics: dict) -> dict:
-    """`galapagos design`'s report: the search's best network and the ensemble on test (val if there is none)."""
-    split = "test" if "test" in metrics else "val"
-    summary = run / "summary.json"
-    m = metrics[split]
-    best = metrics["best_member"]
-    return {"data": job.data, "run": str(run), "ensemble": str(job.out.path), "split": split,
-            "task": metrics["task"], "evolution": json.loads(summary.read_text()) if summary.exists() else None,
-            "best_single": m["run_best"], "ensemble_metrics": m["ensemble"],
-            "best_member": {"name": best, **m["members"][best]}, "members": m["members"],
-            "weights": metrics["weights"], "status": metrics["status"]}
-
-
-def format_report(report: dict) -> str:
-    task, split = report["task"], report["split"]
-    used = sum(w > 0 for w in report["weights"].values())
-    return "\n".join([
-        f"design report on {split} ({report['ensemble_metrics']['samples']} samples):",
-        f"  best single network  {_line(report['best_single'], task)}  ({report['run']}/best)",
-        f"  best member          {_line(report['best_member'], task)}  ({report['best_member']['name']})",
-        (f"  ensemble             {_line(report['ensemble_metrics'], task)}  ({report['ensemble']}, {used} of "
-         f"{len(report['members'])} trained members used)"),
-        f"report: {report['run']}/report.json"])
+FLOW = Flow("ensemble", check, master)

@@ -1,10 +1,8 @@
 """Scoring a saved network, or an ensemble of them, on any split of any file in the format."""
 from __future__ import annotations
 
-import json
 import logging
 import os
-import pickle
 from pathlib import Path
 from typing import Any
 
@@ -16,43 +14,32 @@ from datashare.format import DataError, DatasetInfo, load
 from ensemble.average import Averaged, assigned, average, first_error, member_output
 from ensemble.metrics import classification_metrics, regression_metrics
 from ensemble.store import EnsembleError, Manifest, is_ensemble, load_manifest, member_dir
-from evolve.build import build_model
 from evolve.genome import Genome
+from evolve.netdir import ModelError, NetworkDir
 from evolve.problem import Problem
+from galapagos.errors import UsageError
+from galapagos.options import PredictOptions
 
 log = logging.getLogger(__name__)
 
 
-class ModelError(ValueError):
-    pass
-
-
-def model_dir(path: str | Path) -> Path:
-    """A run directory means its best network."""
-    p = Path(path)
-    if (p / "best" / "genome.json").exists() and not (p / "genome.json").exists():
-        p = p / "best"
-    for name in ("genome.json", "model.pt", "metrics.json"):
-        if not (p / name).exists():
-            raise ModelError(f"--model {path}: {p / name} is missing (expected a run's best/ directory or an "
-                             "ensemble directory)")
-    return p
+def model_dir(path: str | Path) -> NetworkDir:
+    """The network `--model` names: a network directory, or a run directory meaning its best network."""
+    net = NetworkDir(path)
+    if NetworkDir(net.path / "best").genome_file.exists() and not net.genome_file.exists():
+        net = NetworkDir(net.path / "best")
+    if (missing := net.missing()) is not None:
+        raise ModelError(f"--model {path}: {missing} is missing (expected a run's best/ directory or an "
+                         "ensemble directory)")
+    return net
 
 
 def load_network(path: str | Path, device: str = "cpu") -> tuple[torch.nn.Module, Genome, Problem]:
-    p = model_dir(path)
+    net = model_dir(path)
     try:
-        genome = Genome.from_json(json.loads((p / "genome.json").read_text()))
-        problem = Problem.from_dict(json.loads((p / "metrics.json").read_text())["problem"])
-    except (ValueError, KeyError) as exc:
-        raise ModelError(f"--model {p}: unreadable genome.json or metrics.json: {exc}") from None
-    model = build_model(genome, problem)
-    try:
-        model.load_state_dict(torch.load(p / "model.pt", map_location="cpu", weights_only=True))
-    except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as exc:
-        raise ModelError(f"--model {p}: model.pt is unreadable or does not fit the genome: "
-                         f"{str(exc).splitlines()[0]}") from None
-    return model.to(device).eval(), genome, problem
+        return net.load(device)
+    except ModelError as exc:
+        raise ModelError(f"--model {exc}") from None
 
 
 def predict_outputs(model: torch.nn.Module, x: np.ndarray, problem: Problem, *, batch: int = 1024,
@@ -67,11 +54,8 @@ def read_split(data: str | Path, split: str, problem: Problem) -> tuple[DatasetI
     info, splits = load(data, (split,))
     if split not in splits:
         raise DataError(f"{data}: /{split}: no such split (the file has {', '.join(info.splits)})")
-    if tuple(info.sample_shape) != problem.sample_shape or info.task != problem.task \
-            or info.num_targets != problem.num_outputs:
-        raise DataError(f"{data}: /{split}/x: the model expects {problem.task} with samples of shape "
-                        f"{problem.sample_shape} and {problem.num_outputs} outputs; the file has {info.task}, "
-                        f"{tuple(info.sample_shape)}, {info.num_targets}")
+    if why := problem.mismatch(info):
+        raise DataError(f"{data}: /{split}/x: the model expects {why}")
     x, y = splits[split]
     return info, x, y
 
@@ -94,7 +78,7 @@ def predict(model_path: str | Path, data: str | Path, split: str = "test", *, sa
         with h5py.File(save, "w") as f:
             f.create_dataset("probabilities" if problem.task == "classification" else "predictions", data=out)
             f.create_dataset("y", data=y)
-            f.attrs["model"] = str(model_dir(model_path))
+            f.attrs["model"] = str(model_dir(model_path).path)
             f.attrs["data"], f.attrs["split"] = str(data), split
     return {"split": split, "task": problem.task, **metrics}
 
@@ -231,3 +215,52 @@ def _save(path: str | Path, avg: Averaged, y: np.ndarray, info: DatasetInfo, *, 
 def used_members(path: str | Path) -> int | None:
     """How many members predicting with `path` averages; None when it is a single network, not an ensemble."""
     return len(load_manifest(path).used) if is_ensemble(path) else None
+
+
+def run(opts: PredictOptions) -> dict | None:
+    """`predict`: one network in this process; an ensemble averaged over the MPI ranks of this job, or over ranks
+    started here under mpiexec. The scores on rank 0 (or here); None on the other ranks."""
+    from galapagos.mpijob import default_workers, start_ranks
+    from launch.mpi import under_launcher, world
+
+    comm = world() if under_launcher() else None
+    rank0 = comm is None or comm.rank == 0
+    if opts.batch < 1:
+        raise UsageError(f"--batch {opts.batch}: must be at least 1")
+    if opts.ranks is not None and opts.ranks < 1:
+        raise UsageError(f"--ranks {opts.ranks}: must be at least 1")
+    members = used_members(opts.model)  # an ensemble's manifest is checked before any rank starts
+    if members is None:
+        if opts.ranks and opts.ranks > 1 and rank0:
+            log.warning("--ranks %d ignored: %s is one network, not an ensemble", opts.ranks, opts.model)
+        return predict(opts.model, opts.data, opts.split, save=opts.save, batch=opts.batch) if rank0 else None
+    if comm is None and (ranks := min(opts.ranks or default_workers(), members)) > 1:
+        log.info("averaging %d member(s) over %d ranks", members, ranks)
+        return start_ranks("predict", opts, ranks - 1)
+    if comm is not None and rank0 and opts.ranks and min(opts.ranks, members) != comm.size:
+        log.warning("--ranks %d ignored: this job has %d rank(s)", opts.ranks, comm.size)
+    return predict_ensemble(opts.model, opts.data, opts.split, comm=comm if comm and comm.size > 1 else None,
+                            save=opts.save, batch=opts.batch, per_member=opts.member_outputs)
+
+
+class Ensemble(torch.nn.Module):
+    """An ensemble directory's members as one module: their weighted mean class probabilities, or regression
+    outputs, as `predict` averages them."""
+
+    def __init__(self, members: list[torch.nn.Module], weights: list[float], task: str):
+        super().__init__()
+        self.members = torch.nn.ModuleList(members)
+        self.register_buffer("weights", torch.tensor(weights, dtype=torch.float32))
+        self.task = task
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = [m(x).float() for m in self.members]
+        if self.task == "classification":
+            outs = [o.softmax(1) for o in outs]
+        return sum(w * o for w, o in zip(self.weights, outs))
+
+
+def load_ensemble(root: str | Path, device: str = "cpu") -> Ensemble:
+    manifest = load_manifest(root)
+    members = [load_network(member_dir(root, m.name), device)[0] for m in manifest.used]
+    return Ensemble(members, [m.weight for m in manifest.used], manifest.problem.task).to(device).eval()

@@ -6,8 +6,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from launch.cli import UsageError
-from launch.jobscript import SCHEDULERS
+from launch.scripts.request import JobScriptError
+from launch.scripts.schedulers import SCHEDULERS
 
 SUBMIT_TIMEOUT = 120.0
 
@@ -20,24 +20,24 @@ def submit(scheduler: str, script: Path) -> str:
         proc = subprocess.run(["bash", "-c", detach, str(script), str(script.with_suffix(".out"))],
                               capture_output=True, text=True, check=False, timeout=SUBMIT_TIMEOUT)
         if proc.returncode != 0 or not proc.stdout.strip().isdigit():
-            raise UsageError(f"could not start {script}: {proc.stderr.strip() or proc.stdout.strip()}")
+            raise JobScriptError(f"could not start {script}: {proc.stderr.strip() or proc.stdout.strip()}")
         return proc.stdout.strip()
     cmd = [*sched.submit, *([] if sched.stdin else [str(script)])]
     try:
         proc = subprocess.run(cmd, input=script.read_text() if sched.stdin else None, capture_output=True,
                               text=True, check=False, timeout=SUBMIT_TIMEOUT)
     except FileNotFoundError:
-        raise UsageError(f"{cmd[0]} not found: this machine has no {scheduler} scheduler (the script is written: "
+        raise JobScriptError(f"{cmd[0]} not found: this machine has no {scheduler} scheduler (the script is written: "
                          f"{script})") from None
     except subprocess.TimeoutExpired:
-        raise UsageError(f"{cmd[0]} did not answer within {SUBMIT_TIMEOUT:.0f} s (the script is written: "
+        raise JobScriptError(f"{cmd[0]} did not answer within {SUBMIT_TIMEOUT:.0f} s (the script is written: "
                          f"{script})") from None
     if proc.returncode != 0:
         why = " ".join((proc.stderr or proc.stdout).split()) or "no message"
-        raise UsageError(f"{' '.join(cmd)} failed (exit {proc.returncode}): {why}")
+        raise JobScriptError(f"{' '.join(cmd)} failed (exit {proc.returncode}): {why}")
     match = re.search(sched.job_id, proc.stdout, re.MULTILINE)
     if not match:
-        raise UsageError(f"no job id in what {cmd[0]} printed: {proc.stdout.strip()!r}")
+        raise JobScriptError(f"no job id in what {cmd[0]} printed: {proc.stdout.strip()!r}")
     return match.group(1)
 
 

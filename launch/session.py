@@ -9,29 +9,23 @@ import logging
 import signal
 import socket
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from datashare.share import DataShareError, Plan, Shared, share
+from datashare.plan import Plan
+from datashare.share import DataShareError, Shared, share
 from datashare.shm import remove_stale
 from launch.mpi import Backoff, node_comm
 from launch.placement import Placement, place
-from launch.runtime import TAG, TaskSource, master_serve, worker_serve
+from launch.protocol import TAG, Setup, SetupFailed
+from launch.runtime import TaskSource, master_serve, worker_serve
 from launch.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
 EXIT_BAD_INPUT = 2  # as the command's own exit code for bad input, so the job's code is 2 as well
-
-
-@dataclass(frozen=True)
-class WorkerSetup:
-    task_fn: str  # 'module:function' run in the trainer child for each task
-    log_dir: str | None = None
-    chunk_bytes: int = 64 << 20  # for data given as in-memory arrays; a Plan carries its own
 
 
 def _placement(comm: Any, node: Any) -> Placement:
@@ -42,17 +36,17 @@ def _placement(comm: Any, node: Any) -> Placement:
     return place(index, max(1, len(workers)))
 
 
-def master_start(comm: Any, setup: WorkerSetup | str, data: Plan | dict[str, np.ndarray] | None = None,
+def master_start(comm: Any, setup: Setup | SetupFailed, data: Plan | dict[str, np.ndarray] | None = None,
                  memory: dict[str, np.ndarray] | None = None) -> Shared | None:
-    """Send every worker its setup (or an error string that makes them exit), then share the data.
+    """Send every worker its setup (or SetupFailed, which makes them exit), then share the data.
 
-    ``data`` is a :class:`datashare.share.Plan` (read from its file by the readers; ``memory`` holds the arrays
+    ``data`` is a :class:`datashare.plan.Plan` (read from its file by the readers; ``memory`` holds the arrays
     it sends from rank 0's memory) or a dict of arrays. Returns the master's hold on its node's shared copy,
     which must stay open while the workers run (close it after serving).
     """
     for rank in range(1, comm.size):
         comm.send(setup, dest=rank, tag=TAG)
-    if isinstance(setup, str):
+    if isinstance(setup, SetupFailed):
         return None
     if not isinstance(data, Plan):
         memory = data or {}
@@ -65,7 +59,7 @@ def master_start(comm: Any, setup: WorkerSetup | str, data: Plan | dict[str, np.
         node.Free()
 
 
-def master_run(comm: Any, setup: WorkerSetup, source: TaskSource, data: Plan | dict[str, np.ndarray] | None = None,
+def master_run(comm: Any, setup: Setup, source: TaskSource, data: Plan | dict[str, np.ndarray] | None = None,
                memory: dict[str, np.ndarray] | None = None, **serve: Any):
     shared = master_start(comm, setup, data, memory)
     try:
@@ -83,7 +77,7 @@ def worker_main(comm: Any) -> int:
     while (msg := comm.improbe(source=0, tag=TAG)) is None:
         backoff.sleep()
     setup = msg.recv()
-    if isinstance(setup, str):
+    if isinstance(setup, SetupFailed):
         return EXIT_BAD_INPUT  # the master could not start; it says why
     # A launcher ends a job with SIGTERM: exit through `finally`, so the shared segment is released.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))

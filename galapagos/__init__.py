@@ -1,0 +1,14 @@
+"""Galapagos: evolve neural networks for a scientific dataset across a whole machine, and build ensembles.
+
+    import galapagos
+    run = galapagos.evolve("data.h5", "runs/first", evaluations=40, workers=2)
+    ens = galapagos.ensemble("runs/first", "data.h5", "runs/first-ens", members=4, workers=2)
+    scores = galapagos.predict("runs/first-ens", "data.h5", split="test")
+    model = galapagos.load("runs/first-ens")  # a torch module
+
+See galapagos.api for every function and what it returns.
+"""
+from galapagos.api import design, ensemble, evolve, load, predict, report
+from galapagos.errors import UsageError
+
+__all__ = ["design", "ensemble", "evolve", "load", "predict", "report", "UsageError"]

@@ -1,0 +1,106 @@
+"""The Python API: what the command line does, as functions that return data.
+
+Started in a plain process (a script, a notebook), `evolve`, `ensemble` and `design` check their inputs, start
+their MPI job under `mpiexec` and return rank 0's result. Called under a launcher (every rank of `srun python
+my_script.py` calls the same function), they run this rank's part: rank 0 gets the result, the other ranks None.
+Bad input raises :class:`galapagos.errors.UsageError` (or a subclass of ValueError naming the key, file or
+dataset) before anything is written.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from galapagos.options import EnsembleOptions, EvolveOptions, PredictOptions
+
+PathLike = str | Path
+
+
+def evolve(data: PathLike, out: PathLike, *, config: PathLike | None = None, set: tuple[str, ...] = (),
+           evaluations: int | None = None, budget_minutes: float | None = None, workers: int | None = None,
+           strategy: str | None = None, resume: bool = False) -> dict | None:
+    """Evolve networks for the HDF5 dataset `data` into the run directory `out`.
+
+    `set` overrides config values ("train.epochs=4"); give a budget (`evaluations` or `budget_minutes`) here or
+    in the config. Returns the run's summary (as in summary.json) with `run`, `best_dir` and `finished`.
+    """
+    return run("evolve", EvolveOptions(str(data), str(out), _str(config), tuple(set), evaluations, budget_minutes,
+                                       workers, strategy, resume))
+
+
+def design(data: PathLike, out: PathLike, *, config: PathLike | None = None, set: tuple[str, ...] = (),
+           evaluations: int | None = None, budget_minutes: float | None = None, workers: int | None = None,
+           members: int | None = None) -> dict | None:
+    """Evolve into `out`, train an ensemble of `members` into `out`/ensemble on the same workers, and report.
+
+    Returns {"evolution": summary, "ensemble": metrics, "report": report} (less what a stop signal cut off).
+    """
+    return run("design", EvolveOptions(str(data), str(out), _str(config), tuple(set), evaluations, budget_minutes,
+                                       workers, members=members))
+
+
+def ensemble(from_run: PathLike, data: PathLike, out: PathLike, *, members: int | None = None,
+             strategy: str | None = None, set: tuple[str, ...] = (), workers: int | None = None,
+             resume: bool = False) -> dict | None:
+    """Train an ensemble from the best networks of the run `from_run` into `out` and select its members on val.
+
+    `strategy`: "distinct", "seeds" or "mixed". Returns the metrics (as in `out`/metrics.json) with
+    `ensemble_dir`, or {"ensemble_dir", "stopped_by"} when a stop signal ended the build first.
+    """
+    return run("ensemble", EnsembleOptions(str(from_run), str(data), str(out), members, strategy, tuple(set),
+                                           workers, resume))
+
+
+def predict(model: PathLike, data: PathLike, split: str = "test", *, save: PathLike | None = None,
+            batch: int = 1024, ranks: int | None = None, member_outputs: bool = True) -> dict | None:
+    """Score a network (a run directory or its best/) or an ensemble directory on `split` of `data`.
+
+    Returns accuracy, nll and ece (classification) or mse, mae, r2 and per_target (regression); for an ensemble
+    also each member's scores and the uncertainty. `save` writes the predictions to an HDF5 file.
+    """
+    return run("predict", PredictOptions(str(model), str(data), split, _str(save), batch, ranks, member_outputs))
+
+
+def load(path: PathLike, device: str = "cpu") -> Any:
+    """A saved network (a run directory, its best/, or an ensemble member) or a whole ensemble directory, as a
+    torch module in eval mode: inputs (N, *sample_shape) -> class probabilities for an ensemble, logits for one
+    network (classification), or regression outputs."""
+    from ensemble.store import is_ensemble
+    from galapagos.inference import load_ensemble, load_network
+
+    if is_ensemble(path):
+        return load_ensemble(path, device)
+    return load_network(path, device)[0]
+
+
+def report(path: PathLike, top: int = 5) -> dict:
+    """A run directory's summary: evaluations by status, the best network, utilisation, the `top` evaluations."""
+    from galapagos.reports import run_report
+
+    return run_report(path, top)
+
+
+def run(name: str, opts: Any) -> dict | None:
+    """Run a job by name with its options (an options object or its dict): the one entry of every job."""
+    from galapagos import designing, ensembling, evolution, inference
+    from galapagos.mpijob import run as run_flow
+
+    kinds = {"evolve": EvolveOptions, "design": EvolveOptions, "ensemble": EnsembleOptions, "predict": PredictOptions}
+    if isinstance(opts, dict):
+        opts = kinds[name].from_dict(opts)
+    if name == "predict":
+        return inference.run(opts)
+    flows = {"evolve": evolution.FLOW, "design": designing.FLOW, "ensemble": ensembling.FLOW}
+    return run_flow(flows[name], opts)
+
+
+def _str(path: PathLike | None) -> str | None:
+    return None if path is None else str(path)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "USER_ERRORS":  # the errors that mean bad input (imported lazily: they pull in torch and h5py)
+        from galapagos.mpijob import user_errors
+
+        return user_errors()
+    raise AttributeError(name)

@@ -1,0 +1,138 @@
+"""The `galapagos` command: parses the command line, calls the Python API (galapagos.api), prints what it returns."""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+
+from galapagos import api
+from galapagos.errors import EXIT_USAGE
+from galapagos.mpijob import JobFailed, WorkerExit, setup_logging
+from galapagos.options import EnsembleOptions, EvolveOptions, PredictOptions
+from galapagos.parser import build_parser
+from galapagos.reports import format_metrics, format_report, format_run_report, format_summary
+
+
+def show(*lines: str) -> None:
+    print(*lines, sep="\n", flush=True)
+
+
+def cmd_evolve(args) -> int:
+    result = api.run("evolve", EvolveOptions.from_args(args))
+    if result is not None:
+        show_evolution(result)
+    return 0
+
+
+def show_evolution(summary: dict) -> None:
+    show(format_summary(summary), f"run directory: {summary['run']} (best network in {summary['best_dir']})")
+    if summary.get("stopped_by") and not summary["finished"]:
+        show(f"stopped by {summary['stopped_by']} before the budget was spent: continue with --resume")
+
+
+def show_ensemble(metrics: dict) -> None:
+    if "stopped_by" in metrics:
+        show(f"stopped by {metrics['stopped_by']} before every member was trained: continue with --resume")
+    else:
+        show(format_metrics(metrics), f"ensemble directory: {metrics['ensemble_dir']}")
+
+
+def cmd_ensemble(args) -> int:
+    result = api.run("ensemble", EnsembleOptions.from_args(args))
+    if result is not None:
+        show_ensemble(result)
+    return 0
+
+
+def cmd_design(args) -> int:
+    result = api.run("design", EvolveOptions.from_args(args))
+    if result is None:
+        return 0
+    show_evolution(result["evolution"])
+    if "ensemble" not in result:
+        out = result["evolution"]["run"]
+        show(f"the ensemble was not built: continue with `galapagos evolve --resume --out {out} ...`, then "
+             f"`galapagos ensemble --from {out} ...`")
+        return 0
+    show_ensemble(result["ensemble"])
+    if "report" in result:
+        show(format_report(result["report"]))
+    return 0
+
+
+def cmd_predict(args) -> int:
+    opts = PredictOptions.from_args(args)
+    result = api.run("predict", opts)
+    if result is None:  # not rank 0
+        return 0
+    if args.json:
+        show(json.dumps(result, sort_keys=True))
+        return 0
+    ensemble = "uncertainty" in result
+    classes = result["task"] == "classification"
+    keys = ("accuracy", "nll", "ece") if classes else ("mse", "mae", "r2")
+    count = f" of {len(result['members'])}" if "members" in result else ""
+    what = f", ensemble{count} on {result['ranks']} rank(s)" if ensemble else ""
+    show(f"{opts.split} ({result['samples']} samples{what}): " + ", ".join(f"{k} {result[k]:.4f}" for k in keys))
+    for name, m in result.get("per_target", {}).items():
+        show(f"  {name}: " + ", ".join(f"{k} {v:.4f}" for k, v in m.items()))
+    if ensemble:
+        u = result["uncertainty"]
+        show("  uncertainty: " + (f"entropy {u['entropy']:.4f} nats, mutual information "
+                                  f"{u['mutual_information']:.4f}" if classes else
+                                  ", ".join(f"{n} std {v['std']:.4g}" for n, v in u["per_target"].items())))
+        for name, m in result.get("members", {}).items():
+            show(f"  member {name} (weight {m['weight']:.3f}): " + ", ".join(f"{k} {m[k]:.4f}" for k in keys))
+    return 0
+
+
+def cmd_report(args) -> int:
+    show(format_run_report(api.report(args.dir, args.top)))
+    return 0
+
+
+def cmd_data(args) -> int:
+    from datashare import format as fmt
+
+    if args.action == "check":
+        show(f"{args.file}: OK", fmt.describe(fmt.validate(args.file)))
+    elif args.action == "info":
+        show(fmt.describe(fmt.inspect(args.file)))
+    else:
+        from datashare.write import import_npz
+
+        info = import_npz(args.file, args.out, task=args.task, num_classes=args.num_classes, name=args.name)
+        show(f"wrote {args.out}", fmt.describe(info))
+    return 0
+
+
+def cmd_launch(args, argv: list[str]) -> int:
+    from galapagos.jobs import main as launch_main
+
+    return launch_main(args, argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
+    if not logging.getLogger().handlers:
+        setup_logging(0)
+    commands = {"evolve": cmd_evolve, "ensemble": cmd_ensemble, "design": cmd_design, "predict": cmd_predict,
+                "report": cmd_report, "data": cmd_data}
+    try:
+        return cmd_launch(args, argv) if args.command == "launch" else commands[args.command](args)
+    except WorkerExit as exc:  # a worker rank of a job that could not start; rank 0 says why
+        return exc.code
+    except JobFailed as exc:  # the job's ranks have already said why
+        return exc.code
+    except api.USER_ERRORS as exc:
+        from launch.mpi import under_launcher, world
+
+        if args.command == "predict" and under_launcher() and world().rank != 0:
+            return EXIT_USAGE  # every rank of an ensemble prediction has the error; rank 0 reports it
+        print(f"galapagos {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

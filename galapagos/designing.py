@@ -1,0 +1,35 @@
+"""`design`: one job that evolves into DIR, trains the ensemble on the same workers into DIR/ensemble, and
+reports the search's best network, the best member and the ensemble."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from evolve.files import write_json
+from galapagos import ensembling, evolution
+from galapagos.mpijob import Flow, starting
+from galapagos.options import EvolveOptions
+from galapagos.reports import design_report
+from launch.protocol import SetupFailed
+from launch.runtime import stop_signal
+from launch.session import master_start
+
+
+def master(comm: Any, opts: EvolveOptions) -> dict:
+    """Rank 0: {"evolution": summary, "ensemble": metrics, "report": report}, less what a stop signal cut off."""
+    summary = evolution.master(comm, opts)
+    out = Path(opts.out)
+    if stopped := stop_signal():
+        master_start(comm, SetupFailed(f"stopped by {stopped}"))  # the workers wait for a second phase
+        return {"evolution": summary, "stopped_by": stopped}
+    with starting(comm):
+        job = ensembling.prepare(out, opts.data, out / "ensemble")
+    metrics = ensembling.build(comm, job)
+    if "stopped_by" in metrics:
+        return {"evolution": summary, "ensemble": metrics, "stopped_by": metrics["stopped_by"]}
+    report = design_report(out, opts.data, job.out.path, metrics)
+    write_json(out / "report.json", report)
+    return {"evolution": summary, "ensemble": metrics, "report": report}
+
+
+FLOW = Flow("design", evolution.check, master, phases=2)

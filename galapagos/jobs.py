@@ -1,0 +1,184 @@
+"""The `galapagos launch` command: check the Galapagos command it is to run (its options, paths and config), then
+write the job script for the scheduler (launch.scripts), save its settings and submit it with any follow-ups."""
+from __future__ import annotations
+
+import contextlib
+import io
+import shlex
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from galapagos.errors import UsageError
+from galapagos.parser import build_parser
+from launch.scripts import (OPTION_KEYS, build_request, is_active, load_settings, load_site, next_script, parse_env,
+                            render, save_settings, submit, write_job)
+
+JOB_COMMANDS = ("evolve", "ensemble", "design")
+PATH_OPTIONS = ("--data", "--out", "--config", "--from")
+
+
+def _parse_command(tokens: list[str]):
+    """argparse's verdict on a galapagos command, as a UsageError instead of an exit."""
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            return build_parser().parse_args(tokens)
+    except SystemExit:
+        why = err.getvalue().strip().splitlines()
+        raise UsageError(f"the command after --: {why[-1] if why else 'not a valid galapagos command'}") from None
+
+
+def resolve_command(tokens: list[str], cwd: Path) -> tuple[tuple[str, ...], Path]:
+    """The galapagos command after `--`, checked, with every path made absolute; and its run directory."""
+    tokens = list(tokens)
+    if tokens[:1] == ["--"]:
+        tokens = tokens[1:]
+    if tokens and Path(tokens[0]).name == "galapagos":
+        tokens = tokens[1:]
+    if not tokens:
+        raise UsageError("no command: put the Galapagos command after --, e.g. "
+                         "-- galapagos evolve --data data.h5 --out runs/big --evaluations 5000")
+    if tokens[0] not in JOB_COMMANDS:
+        raise UsageError(f"the command after -- must be a Galapagos job ({', '.join(JOB_COMMANDS)}), not "
+                         f"{shlex.join(tokens[:2])!r}")
+    resolved, i = [tokens[0]], 1
+    while i < len(tokens):
+        name, eq, value = tokens[i].partition("=")
+        if name in PATH_OPTIONS and eq:
+            resolved.append(f"{name}={(cwd / value).absolute()}")
+        elif name in PATH_OPTIONS and i + 1 < len(tokens):
+            resolved += [name, str((cwd / tokens[i + 1]).absolute())]
+            i += 1
+        else:
+            resolved.append(tokens[i])
+        i += 1
+    _parse_command(resolved)
+    paths = _path_values(resolved)
+    if "--out" not in paths:
+        raise UsageError(f"the command after -- has no --out: galapagos {resolved[0]} needs a run directory")
+    out = Path(paths["--out"])
+    if not out.parent.is_dir():
+        raise UsageError(f"--out {out}: parent directory {out.parent} does not exist")
+    for option, value in paths.items():
+        if option != "--out" and not Path(value).exists():
+            raise UsageError(f"{option} {value}: no such file or directory")
+    return tuple(resolved), out
+
+
+def _path_values(tokens: list[str] | tuple[str, ...]) -> dict[str, str]:
+    values, i = {}, 0
+    while i < len(tokens):
+        name, eq, value = tokens[i].partition("=")
+        if name in PATH_OPTIONS:
+            values[name] = value if eq else tokens[i + 1]
+            i += 0 if eq else 1
+        i += 1
+    return values
+
+
+def _without_option(tokens: tuple[str, ...], option: str) -> list[str]:
+    out, skip = [], False
+    for t in tokens:
+        if skip:
+            skip = False
+        elif t == option:
+            skip = True
+        elif not t.startswith(option + "="):
+            out.append(t)
+    return out
+
+
+def pin_config(command: tuple[str, ...], out: Path, job_dir: Path) -> tuple[str, ...]:
+    """evolve: check the config now, write the resolved file beside the script and run the job with it."""
+    from galapagos.config import evolve_config
+    from galapagos.options import EvolveOptions
+    from galapagos.rundir import RunDir
+
+    args = _parse_command(list(command))
+    if args.command != "evolve" or args.resume:
+        return command
+    config = evolve_config(EvolveOptions.from_args(args))  # bad keys and values fail here, before anything is written
+    RunDir.check(out, resume=False)
+    job_dir.mkdir(parents=True, exist_ok=True)
+    pinned = job_dir / "config.toml"
+    pinned.write_text(config.dumps())
+    return (*_without_option(command, "--config"), "--config", str(pinned))
+
+
+def resume_command(command: tuple[str, ...]) -> tuple[str, ...]:
+    """The follow-up of a job: the same command continuing its run (--resume, the run's own config)."""
+    tokens = _without_option(command, "--config")
+    if "--resume" not in tokens:
+        tokens.append("--resume")
+    try:
+        _parse_command(tokens)
+    except UsageError as exc:
+        raise UsageError(f"galapagos {tokens[0]} cannot be resumed: {exc}") from None
+    return tuple(tokens)
+
+
+def default_program() -> str:
+    """The galapagos of this installation, by absolute path, so the job runs what was checked here."""
+    entry = Path(sys.executable).parent / "galapagos"
+    return str(entry) if entry.exists() else f"{sys.executable} -m galapagos.cli"
+
+
+def main(args, argv: list[str]) -> int:
+    """Check everything, write the script (and its settings), then submit it and any chained follow-ups."""
+    site = load_site(args.site) if args.site else {}
+    given = {k: getattr(args, k) for k in OPTION_KEYS if getattr(args, k, None) is not None}
+    env = parse_env(args.env or [])
+    tokens = args.job_command[1:] if args.job_command[:1] == ["--"] else args.job_command
+    if args.chain and not args.submit:
+        raise UsageError("--chain needs --submit: follow-up jobs wait on the id of the job before them")
+    if args.chain < 0:
+        raise UsageError(f"--chain {args.chain}: must be 0 or more")
+    if args.resume:
+        if tokens:
+            raise UsageError(f"--resume {args.resume} writes the follow-up of that run: give no command after --")
+        out = Path(args.resume).absolute()
+        saved = load_settings(out)
+        opts = {**{k: v for k, v in site.items() if k in OPTION_KEYS},
+                **{k: v for k, v in saved.items() if k in (*OPTION_KEYS, "workdir")}, **given}
+        env = {**site.get("env", {}), **saved.get("env", {}), **env}
+        command = resume_command(tuple(saved["command"]))
+        after = args.after
+        last = next((j["id"] for j in reversed(saved.get("jobs", [])) if "id" in j), None)
+        if after is None and last and is_active(opts["scheduler"], last):
+            after = last
+            print(f"waits for job {last}, which is still queued or running", flush=True)
+    else:
+        opts = {**{k: v for k, v in site.items() if k in OPTION_KEYS}, **given}
+        env = {**site.get("env", {}), **env}
+        command, out = resolve_command(tokens, Path.cwd())
+        after = args.after
+    opts["env"] = env
+    opts["program"] = opts.get("program") or default_program()
+    generated_by = shlex.join(["galapagos", *argv])
+    req = build_request(opts, command, out, site=site, after=after, generated_by=generated_by,
+                        script=Path(args.script).absolute() if args.script else out / "job" / "check.sh")
+    render(req)  # scheduler-specific checks, before anything is written
+    if args.script and not req.script.parent.is_dir():
+        raise UsageError(f"--script {args.script}: directory {req.script.parent} does not exist")
+    if not args.resume:
+        command = pin_config(command, out, out / "job")
+    req = replace(req, command=command, script=req.script if args.script else next_script(out / "job",
+                                                                                         req.scheduler))
+    jobs = [req]
+    for k in range(args.chain):
+        jobs.append(replace(req, command=resume_command(req.command), after=None,
+                            script=req.script.with_name(f"{req.script.stem}-follow-{k + 1}.sh"),
+                            generated_by=f"{generated_by}  (follow-up {k + 1} of --chain {args.chain})"))
+    previous = None
+    for job in jobs:
+        if job is not req:
+            job = replace(job, after=previous)
+        write_job(job)
+        print(f"script: {job.script}", flush=True)
+        job_id = submit(job.scheduler, job.script) if args.submit else None
+        save_settings(job, job_id)
+        if job_id:
+            print(f"submitted: {job.scheduler} job {job_id}", flush=True)
+        previous = job_id
+    return 0

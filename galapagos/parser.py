@@ -1,0 +1,122 @@
+"""The command line's contract: every subcommand and option of `galapagos` (parsing only)."""
+from __future__ import annotations
+
+import argparse
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="galapagos", description="Evolve neural networks for a scientific dataset, "
+                                "at supercomputer scale.")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    e = sub.add_parser("evolve", help="evolve networks for a dataset (rank 0 evolves, every other rank trains)")
+    e.add_argument("--data", required=True, help="HDF5 dataset (see `galapagos data check`)")
+    e.add_argument("--out", required=True, help="run directory")
+    e.add_argument("--config", help="TOML config with [space] [evolution] [train] [run] tables")
+    e.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value, e.g. "
+                   "train.epochs=4 (repeatable)")
+    budget = e.add_mutually_exclusive_group()
+    budget.add_argument("--budget-minutes", type=float, help="stop after this many minutes")
+    budget.add_argument("--evaluations", type=int, help="stop after this many evaluations")
+    e.add_argument("--workers", type=int, help="worker ranks to start when run without MPI (default: one per GPU "
+                   "or core)")
+    e.add_argument("--strategy", choices=["evolution", "random"])
+    e.add_argument("--resume", action="store_true", help="continue the run in --out from its results.jsonl")
+
+    pr = sub.add_parser("predict", help="score a saved network or an ensemble on a split of a dataset")
+    pr.add_argument("--model", required=True, help="a run's best/ directory (or the run directory), or an "
+                    "ensemble directory (members averaged over MPI ranks)")
+    pr.add_argument("--data", required=True)
+    pr.add_argument("--split", default="test", choices=("train", "val", "test"))
+    pr.add_argument("--json", action="store_true", help="print one JSON object")
+    pr.add_argument("--save", help="write predictions (and, for an ensemble, uncertainties and each member's "
+                    "predictions) to this HDF5 file")
+    pr.add_argument("--batch", type=int, default=1024, help="samples per forward pass (and per broadcast)")
+    pr.add_argument("--ranks", type=int, help="ensemble: MPI ranks to start when run without MPI (default: one per "
+                    "member, at most one per GPU or core; 1 = in this process)")
+    pr.add_argument("--no-member-outputs", dest="member_outputs", action="store_false", help="ensemble: reduce only the ensemble's moments, "
+                    "not each member's outputs (no per-member metrics or predictions; for very large ensembles)")
+
+    en = sub.add_parser("ensemble", help="train an ensemble from an evolution run's best networks, one member per "
+                        "worker, and select its members on val")
+    en.add_argument("--from", dest="from_run", required=True, metavar="RUN", help="evolution run directory")
+    en.add_argument("--data", required=True, help="HDF5 dataset (the one the run evolved for, or one like it)")
+    en.add_argument("--out", required=True, help="ensemble directory (new, or with --resume an unfinished one)")
+    en.add_argument("--members", type=int, help="members to train (default: ensemble.members)")
+    en.add_argument("--strategy", choices=["distinct", "seeds", "mixed"],
+                    help="members from the best distinct genomes, the best genome with new seeds, or half each")
+    en.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one value of the run's config, "
+                    "e.g. ensemble.epochs=10 (repeatable)")
+    en.add_argument("--workers", type=int, help="worker ranks to start when run without MPI (default: one per GPU "
+                    "or core)")
+    en.add_argument("--resume", action="store_true", help="finish an interrupted build in --out; members already "
+                    "trained are kept")
+
+    de = sub.add_parser("design", help="one command for a new dataset: evolve, build the ensemble, report")
+    de.add_argument("--data", required=True, help="HDF5 dataset (see `galapagos data check`)")
+    de.add_argument("--out", required=True, help="run directory; the ensemble goes to OUT/ensemble")
+    de.add_argument("--config", help="TOML config with [space] [evolution] [train] [run] [ensemble] tables")
+    de.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one config value (repeatable)")
+    de_budget = de.add_mutually_exclusive_group()
+    de_budget.add_argument("--budget-minutes", type=float, help="time budget of the evolution")
+    de_budget.add_argument("--evaluations", type=int, help="evaluations of the evolution")
+    de.add_argument("--workers", type=int, help="worker ranks to start when run without MPI (default: one per GPU "
+                    "or core)")
+    de.add_argument("--members", type=int, help="ensemble members to train (default: ensemble.members)")
+    de.set_defaults(resume=False, strategy=None)
+
+    r = sub.add_parser("report", help="summarise a run directory")
+    r.add_argument("dir")
+    r.add_argument("--top", type=int, default=5)
+
+    d = sub.add_parser("data", help="check, describe or import datasets")
+    dsub = d.add_subparsers(dest="action", required=True)
+    c = dsub.add_parser("check", help="validate a file fully (structure and values)")
+    c.add_argument("file")
+    i = dsub.add_parser("info", help="describe a file (structure only)")
+    i.add_argument("file")
+    im = dsub.add_parser("import", help="convert a .npz (x_train, y_train, x_val, ...) to the HDF5 format")
+    im.add_argument("file")
+    im.add_argument("out")
+    im.add_argument("--task", choices=["classification", "regression"])
+    im.add_argument("--num-classes", type=int)
+    im.add_argument("--name")
+
+    _add_launch(sub)
+    return p
+
+
+def _add_launch(sub) -> None:
+    p = sub.add_parser("launch", help="write (and submit) the batch job that runs a galapagos command across a "
+                       "whole machine: slurm, lsf, alps, pbs, flux or local",
+                       usage="galapagos launch --scheduler S --nodes N --gpus-per-node G [options] "
+                             "-- galapagos evolve|ensemble|design ...")
+    p.add_argument("--site", help="TOML profile with one machine's defaults and limits (see examples/sites/)")
+    p.add_argument("--scheduler", help=f"one of slurm, lsf, alps, pbs, flux, local")
+    p.add_argument("--nodes", type=int)
+    p.add_argument("--gpus-per-node", type=int, help="one worker rank per GPU; 0 for CPU-only nodes")
+    p.add_argument("--cpus-per-node", type=int, help="cores per node (jsrun's resource file needs it)")
+    p.add_argument("--workers-per-node", type=int, help="worker ranks per CPU-only node (default: one per core)")
+    p.add_argument("--walltime", help="HH:MM (or HH:MM:SS, D-HH:MM, minutes)")
+    p.add_argument("--stop-before", type=int, metavar="SECONDS", help="tell the run to stop this long before the "
+                   "wall time (default: a tenth of it, 60 to 600 s)")
+    p.add_argument("--account")
+    p.add_argument("--queue", help="queue or partition")
+    p.add_argument("--job-name")
+    p.add_argument("--constraint", help="node feature: Slurm --constraint, PBS select extra, LSF -alloc_flags, "
+                   "Flux --requires")
+    p.add_argument("--env", action="append", metavar="NAME=VALUE", help="exported in the job (repeatable)")
+    p.add_argument("--setup", help="shell lines run before the launch: module loads, a venv")
+    p.add_argument("--launcher", choices=["mpiexec"], help="slurm: start the ranks with this installation's "
+                   "mpiexec inside the allocation instead of srun (when srun cannot speak its MPI's PMI)")
+    p.add_argument("--launcher-args", help="extra arguments for srun, jsrun, aprun, mpiexec or flux run")
+    p.add_argument("--program", help="how the compute nodes start galapagos (default: this installation's)")
+    p.add_argument("--script", help="where to write the script (default: <out>/job/<scheduler>-<n>.sh)")
+    p.add_argument("--submit", action="store_true", help="submit the script and print the job id")
+    p.add_argument("--after", metavar="JOBID", help="start only after this job has ended")
+    p.add_argument("--chain", type=int, default=0, metavar="N", help="with --submit: also submit N follow-up jobs, "
+                   "each resuming the run after the one before ends")
+    p.add_argument("--resume", metavar="DIR", help="write the follow-up job of the run in DIR (its saved options, "
+                   "overridden by any given here)")
+    p.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                   help="galapagos evolve|ensemble|design ...")

@@ -1,0 +1,37 @@
+"""What the ranks of a self-started job run: `python -m galapagos.ranks NAME OPTIONS_JSON RESULT_FILE`.
+
+galapagos.mpijob.start_ranks starts it under mpiexec; rank 0 writes {"result": ...} or {"error": "one line"} to
+RESULT_FILE for the process that started the job.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from galapagos.errors import EXIT_USAGE
+
+
+def main(argv: list[str]) -> int:
+    from galapagos import api
+    from galapagos.mpijob import WorkerExit, setup_logging
+    from launch.mpi import world
+
+    name, options, result_file = argv
+    setup_logging(0)
+    result_path = Path(result_file)
+    try:
+        result = api.run(name, json.loads(options))
+    except WorkerExit as exc:
+        return exc.code
+    except api.USER_ERRORS as exc:
+        if world().rank == 0:
+            result_path.write_text(json.dumps({"error": str(exc)}))
+        return EXIT_USAGE
+    if world().rank == 0:
+        result_path.write_text(json.dumps({"result": result}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

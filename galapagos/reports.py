@@ -1,0 +1,128 @@
+"""What a run, an ensemble or a design amounts to: summaries as data (for summary.json, report.json and the API)
+and as the text the command line prints."""
+from __future__ import annotations
+
+import json
+import statistics
+from collections import Counter
+from pathlib import Path
+
+from evolve.genome import Genome
+from launch.protocol import Status
+
+
+def summarize(records: list[dict], *, population_size: int, workers: int | None = None,
+              wall_seconds: float | None = None, busy_seconds: float | None = None) -> dict:
+    """Evaluations by status, the best network, how it compares with the initial population, utilisation."""
+    scored = [r for r in records if r["fitness"] is not None and r["status"] == Status.OK]
+    best = max(scored, key=lambda r: r["fitness"]) if scored else None
+    initial = [r for r in scored if r["id"] < population_size]
+    out = {"evaluations": len(records), "by_status": dict(Counter(r["status"] for r in records)),
+           "best": None, "initial_population_best": max((r["fitness"] for r in initial), default=None),
+           "initial_population_median": statistics.median([r["fitness"] for r in initial]) if initial else None}
+    if best:
+        out["best"] = {"id": best["id"], "fitness": best["fitness"], "params": best["params"],
+                       "genome": Genome.from_json(best["genome"]).describe(), "metrics": best["metrics"]}
+    if workers and wall_seconds:
+        out["workers"] = workers
+        out["wall_seconds"] = round(wall_seconds, 2)
+        out["worker_utilization"] = round(busy_seconds / (workers * wall_seconds), 4)
+    return out
+
+
+def format_summary(s: dict) -> str:
+    lines = [f"evaluations: {s['evaluations']} (" + ", ".join(f"{k} {v}" for k, v in sorted(s["by_status"].items()))
+             + ")"]
+    if s.get("best"):
+        b = s["best"]
+        lines.append(f"best fitness: {b['fitness']:.4f} (evaluation {b['id']}, {b['params']:,} parameters)")
+        lines.append(f"best network: {b['genome']}")
+    if s.get("initial_population_best") is not None:
+        lines.append(f"initial population: best {s['initial_population_best']:.4f}, "
+                     f"median {s['initial_population_median']:.4f}")
+    if "worker_utilization" in s:
+        lines.append(f"worker utilization: {100 * s['worker_utilization']:.1f}% of {s['workers']} workers over "
+                     f"{s['wall_seconds']:.0f} s")
+    return "\n".join(lines)
+
+
+def _keys(task: str) -> tuple[str, ...]:
+    return ("accuracy", "nll", "ece") if task == "classification" else ("mse", "mae", "r2")
+
+
+def _line(m: dict, task: str) -> str:
+    return ", ".join(f"{k} {m[k]:.4f}" for k in _keys(task))
+
+
+def format_metrics(metrics: dict) -> str:
+    """What the CLI prints: per split, the ensemble, its best member (by val) and every member."""
+    task = metrics["task"]
+    s = metrics["selection"]
+    used = sum(w > 0 for w in metrics["weights"].values())
+    lines = ["members: " + ", ".join(f"{k} {v}" for k, v in sorted(metrics["status"].items())),
+             (f"selection on val ({s['metric']}): best single member {s['single_best']:.4f} -> ensemble "
+              f"{s['ensemble']:.4f} with {used} member(s) in {s['picks']} pick(s)")]
+    for split in ("val", "test"):
+        if split not in metrics:
+            continue
+        m = metrics[split]
+        lines.append(f"{split} ({m['ensemble']['samples']} samples):")
+        lines.append(f"  ensemble             {_line(m['ensemble'], task)}")
+        lines.append(f"  run's best network   {_line(m['run_best'], task)}  (best/ of the search)")
+        for name, mm in m["members"].items():
+            mark = " (best member on val)" if name == metrics["best_member"] else ""
+            lines.append(f"  {name:<12} w {metrics['weights'][name]:.2f}  {_line(mm, task)}{mark}")
+    return "\n".join(lines)
+
+
+def design_report(run: Path, data: str, ensemble_dir: Path, metrics: dict) -> dict:
+    """`galapagos design`'s report: the search's best network and the ensemble on test (val if there is none)."""
+    split = "test" if "test" in metrics else "val"
+    summary = run / "summary.json"
+    m = metrics[split]
+    best = metrics["best_member"]
+    return {"data": data, "run": str(run), "ensemble": str(ensemble_dir), "split": split,
+            "task": metrics["task"], "evolution": json.loads(summary.read_text()) if summary.exists() else None,
+            "best_single": m["run_best"], "ensemble_metrics": m["ensemble"],
+            "best_member": {"name": best, **m["members"][best]}, "members": m["members"],
+            "weights": metrics["weights"], "status": metrics["status"]}
+
+
+def format_report(report: dict) -> str:
+    task, split = report["task"], report["split"]
+    used = sum(w > 0 for w in report["weights"].values())
+    return "\n".join([
+        f"design report on {split} ({report['ensemble_metrics']['samples']} samples):",
+        f"  best single network  {_line(report['best_single'], task)}  ({report['run']}/best)",
+        f"  best member          {_line(report['best_member'], task)}  ({report['best_member']['name']})",
+        (f"  ensemble             {_line(report['ensemble_metrics'], task)}  ({report['ensemble']}, {used} of "
+         f"{len(report['members'])} trained members used)"),
+        f"report: {report['run']}/report.json"])
+
+
+def run_report(path: str | Path, top: int = 5) -> dict:
+    """A run directory's summary (its summary.json's timing figures included) and its `top` evaluations."""
+    from galapagos.config import load_config
+    from galapagos.rundir import RunDir, RunDirError
+
+    run = RunDir(path)
+    if not run.journal.exists():
+        raise RunDirError(f"{path}: no results.jsonl (not a run directory)")
+    records = run.read_journal()
+    config = load_config(run.config if run.config.exists() else None)
+    summary = summarize(records, population_size=config.evolution.population_size)
+    if run.summary.exists():
+        saved = json.loads(run.summary.read_text())
+        summary.update({k: v for k, v in saved.items() if k in ("workers", "wall_seconds", "worker_utilization")})
+    best = sorted((r for r in records if r["fitness"] is not None), key=lambda r: -r["fitness"])[:top]
+    summary["top"] = [{"id": r["id"], "fitness": r["fitness"], "status": r["status"],
+                       "genome": Genome.from_json(r["genome"]).describe()} for r in best]
+    return summary
+
+
+def format_run_report(report: dict) -> str:
+    lines = [format_summary(report)]
+    if report["top"]:
+        lines.append(f"top {len(report['top'])}:")
+        lines += [f"  {r['id']:>5}  {r['fitness']:.4f}  {r['status']:<6} {r['genome']}" for r in report["top"]]
+    return "\n".join(lines)

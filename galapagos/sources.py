@@ -1,0 +1,69 @@
+"""What the evolution run and the ensemble build share as task sources of the master loop: every finished task
+journalled the moment it arrives, the learning curve of each running task, and the progress display."""
+from __future__ import annotations
+
+import time
+
+from galapagos.progress import ProgressView, Snapshot
+from galapagos.rundir import RunDir, journal_record
+from launch.protocol import Progress, Result, Status
+from launch.runtime import MasterState
+
+
+class JournalSource:
+    """Subclasses hand out the tasks (next_task, finished) and say what each record holds (on_result)."""
+
+    def __init__(self, journal: RunDir, records: list[dict] = (), *, view: ProgressView | None = None,
+                 deadline: float | None = None):
+        self.journal, self.records = journal, list(records)
+        self.view, self.deadline = view or ProgressView(), deadline
+        self.curves: dict[int, list[float]] = {}  # running task -> its fitness after each epoch
+        self.started = time.time()
+        self.state: MasterState | None = None
+        self.shown = -1
+
+    def running(self, task_id: int) -> None:
+        self.curves[task_id] = []
+
+    def journal_result(self, r: Result, what: dict) -> dict | None:
+        """Journal a finished task; None for a cancelled one (the job is ending: nothing is kept, a resume redoes
+        it)."""
+        curve = self.curves.pop(r.id, [])
+        if r.status == Status.CANCELLED:
+            return None
+        record = journal_record(r, curve, what)
+        self.journal.append(record)
+        self.records.append(record)
+        return record
+
+    def warn(self, what: str, r: Result) -> None:
+        """A log line for a task that did not end well, which does not tear the live bar."""
+        self.view.message(f"{what} {r.status} in {r.seconds:.1f}s on rank {r.rank}"
+                          + (f": {r.error.splitlines()[-1]}" if r.error else ""))
+
+    def on_progress(self, p: Progress) -> Status | None:
+        fit = p.metrics.get("fitness")
+        if not isinstance(fit, (int, float)) or p.id not in self.curves:
+            return None
+        self.curves[p.id].append(fit)
+        return self.judge(p.id)
+
+    def judge(self, task_id: int) -> Status | None:
+        """After each epoch of a running task: a status to stop it with (e.g. pruned), or None to let it go on."""
+        return None
+
+    def _snapshot(self, *, total: int | None, best: float | None, failures: int) -> Snapshot:
+        state = self.state
+        return Snapshot(done=len(self.records), total=total, best=best, busy=state.busy if state else 0,
+                        workers=state.workers if state else 0, failures=failures,
+                        elapsed=time.time() - self.started,
+                        remaining=None if self.deadline is None else max(0.0, self.deadline - time.time()))
+
+    def snapshot(self) -> Snapshot:
+        raise NotImplementedError
+
+    def on_tick(self, state: MasterState) -> None:
+        """After each round of dispatch: a log line per finished task, or a live bar redraw."""
+        self.state = state
+        self.view.show(self.snapshot(), force=len(self.records) != self.shown)
+        self.shown = len(self.records)

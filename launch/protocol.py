@@ -1,0 +1,136 @@
+"""Everything the ranks and processes of a job say to each other: small, explicit, never model weights.
+
+Two wires, one vocabulary:
+
+- MPI, master <-> worker ranks, on :data:`TAG`: the master sends :class:`Setup` (or :class:`SetupFailed`) once,
+  then :class:`Task`, :class:`Cancel` and :class:`Stop`; a worker sends :class:`Ready` once, then
+  :class:`Progress` and :class:`Result`.
+- The pipe between a worker rank's supervisor and its trainer child: the supervisor sends :class:`TrainerSetup`
+  once, then :class:`Task`, :class:`Cancel` and :class:`Stop`; the child answers :class:`TrainerReady` (or
+  :class:`TrainerFailed`) once, then :class:`Progress` and :class:`Outcome`, which the supervisor turns into a
+  :class:`Result` with the rank, host and times.
+
+Every message is a frozen dataclass from this module; statuses are :class:`Status` values.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+TAG = 17  # the runtime's MPI tag (the datashare layer has its own for the data it sends)
+
+
+class Status(str, Enum):
+    """How a task ended. Only `ok` and `pruned` carry a fitness; the others count as the worst."""
+
+    OK = "ok"
+    PRUNED = "pruned"  # stopped early by the master as hopeless; its best fitness so far is kept
+    FAILED = "failed"  # the task raised
+    NAN = "nan"  # the loss or the validation score became NaN or infinite
+    OOM = "oom"  # out of memory
+    CRASHED = "crashed"  # the trainer child died (segfault, abort, killed)
+    TIMEOUT = "timeout"  # past its time limit
+    CANCELLED = "cancelled"  # the run is ending; not an evaluation
+
+    def __str__(self) -> str:  # "ok" in f-strings and logs, as in the journal
+        return self.value
+
+
+# -- master -> worker ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Setup:
+    """Sent once to every worker: what to run for each task and where trainers log."""
+
+    task_fn: str  # 'module:function' run in the trainer child for each task
+    log_dir: str | None = None
+    chunk_bytes: int = 64 << 20  # for data given as in-memory arrays; a Plan carries its own
+
+
+@dataclass(frozen=True)
+class SetupFailed:
+    """Sent instead of Setup when the master cannot start the job: the workers exit with the bad-input code."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Task:
+    id: int
+    payload: Any
+    time_limit: float | None = None
+
+
+@dataclass(frozen=True)
+class Cancel:
+    id: int
+    status: Status = Status.CANCELLED
+
+
+@dataclass(frozen=True)
+class Stop:
+    pass
+
+
+# -- worker -> master ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Ready:
+    rank: int
+    host: str
+    device: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    id: int
+    rank: int
+    metrics: dict
+
+
+@dataclass(frozen=True)
+class Result:
+    id: int
+    rank: int
+    host: str
+    status: Status
+    fitness: float | None
+    started: float
+    ended: float
+    metrics: dict = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def seconds(self) -> float:
+        return self.ended - self.started
+
+
+# -- supervisor <-> trainer child ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrainerSetup:
+    rank: int
+    task_fn: str
+    data: dict | None  # the shared data's descriptor (datashare.share.Shared.descriptor)
+    cores: tuple[int, ...] | None
+    device: str
+    threads: int
+
+
+@dataclass(frozen=True)
+class TrainerReady:
+    pid: int
+
+
+@dataclass(frozen=True)
+class TrainerFailed:
+    reason: str
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one task ended in the trainer child (the supervisor adds rank, host and times)."""
+
+    id: int
+    status: Status
+    fitness: float | None = None
+    metrics: dict = field(default_factory=dict)
+    error: str | None = None
