@@ -44,7 +44,9 @@ log = logging.getLogger(__name__)
 
 __all__ = ["DataShareError", "Shared", "share", "open_shared", "checksum"]
 
-TAG = 23  # datashare's own MPI tag, on the communicators it is handed (not the runtime's tags: launch/protocol.py)
+# The tag of datashare's point-to-point messages. They travel only on the node and leader communicators split off
+# the world, whose own contexts keep them apart from the runtime's messages on the world (launch/protocol.py).
+TAG = 23
 DEPTH = 4  # pieces a reader may read ahead of the sending
 CRC_BLOCK = 16 << 20  # bytes per CRC-32 and per read: the blocks of one piece are read and checksummed in parallel
 

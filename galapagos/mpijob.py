@@ -134,7 +134,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from datashare.share import DataShareError
     from ensemble.store import EnsembleError
     from evolve.errors import ConfigError
-    from galapagos.inference import ModelError
+    from evolve.netdir import ModelError
     from galapagos.rundir import RunDirError
     from launch.scripts import JobScriptError
 

@@ -1,0 +1,122 @@
+"""The layering rules of ARCHITECTURE.md, checked on the code: which package may import which, no import circle,
+mpi4py in one place, the lower packages free of MPI, and modules of a readable size."""
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from tests.mpirun import REPO
+
+PACKAGES = ("galapagos", "launch", "ensemble", "evolve", "datashare")
+# What each package may import (besides itself); ARCHITECTURE.md draws the same picture.
+ALLOWED = {
+    "galapagos": {"launch", "ensemble", "evolve", "datashare"},
+    "launch": {"evolve", "datashare"},
+    "ensemble": {"evolve", "datashare"},
+    "evolve": {"datashare"},
+    "datashare": set(),
+}
+MAX_LINES = 430
+
+
+def modules() -> dict[str, Path]:
+    out = {}
+    for package in PACKAGES:
+        for path in sorted((REPO / package).rglob("*.py")):
+            parts = path.relative_to(REPO).with_suffix("").parts
+            out[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return out
+
+
+def imports(name: str, path: Path) -> set[str]:
+    """Every project module `name` imports, at the top or inside a function (lazy imports count too)."""
+    found = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: from the module's package
+                base = name.split(".")[:len(name.split(".")) - node.level + is_package]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+            subs = {f"{target}.{a.name}" for a in node.names} & set(modules())
+            found |= subs if len(subs) == len(node.names) else subs | {target}  # names from the module itself
+    known = modules()
+    return {m for m in found if m in known and m != name}
+
+
+def test_packages_import_only_downwards():
+    for name, path in modules().items():
+        package = name.split(".")[0]
+        for target in imports(name, path):
+            other = target.split(".")[0]
+            assert other == package or other in ALLOWED[package], f"{name} imports {target}"
+
+
+def test_no_import_circle():
+    graph = {name: imports(name, path) for name, path in modules().items()}
+    state: dict[str, int] = {}  # 1 visiting, 2 done
+
+    def visit(node: str, trail: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = trail[trail.index(nxt):] + [nxt] if nxt in trail else [node, nxt]
+                raise AssertionError("import circle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt, trail + [nxt])
+        state[node] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+
+
+def test_mpi4py_is_imported_in_one_place():
+    users = [name for name, path in modules().items() if "mpi4py" in {n.split(".")[0] for n in _all_imports(path)}]
+    assert users == ["launch.mpi"]
+
+
+def _all_imports(path: Path) -> set[str]:
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            out.add(node.module)
+    return out
+
+
+def test_lower_packages_load_no_mpi_launch_or_galapagos():
+    """Importing every module of evolve, datashare and ensemble loads neither mpi4py nor launch nor galapagos."""
+    lower = [name for name in modules() if name.split(".")[0] in ("evolve", "datashare", "ensemble")]
+    code = ("import importlib, json, sys\n"
+            f"for name in {lower!r}: importlib.import_module(name)\n"
+            "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules})))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    loaded = set(json.loads(proc.stdout))
+    assert {"evolve", "datashare", "ensemble", "torch"} <= loaded
+    assert not loaded & {"mpi4py", "launch", "galapagos"}
+
+
+def test_import_galapagos_gives_the_api_without_mpi_or_torch():
+    code = ("import json, sys, galapagos\n"
+            "api = [n for n in ('evolve', 'design', 'ensemble', 'predict', 'load', 'report') "
+            "if callable(getattr(galapagos, n))]\n"
+            "print(json.dumps([api, sorted({m.split('.')[0] for m in sys.modules})]))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    api, loaded = json.loads(proc.stdout)
+    assert api == ["evolve", "design", "ensemble", "predict", "load", "report"]
+    assert not set(loaded) & {"mpi4py", "torch", "launch"}
+
+
+def test_modules_stay_readable():
+    long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert not long, f"modules over {MAX_LINES} lines: {long}"
