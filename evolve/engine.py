@@ -15,14 +15,15 @@ import collections
 import logging
 import math
 import random
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from .build import check_genome
-from .errors import ConfigError, InvalidGenome, SearchExhausted
+from .errors import InvalidGenome, SearchExhausted
 from .genome import Genome
 from .operators import crossover, mutate, select
 from .problem import Problem
+from .settings import Check, Table, is_int
 from .space import SearchSpace
 
 __all__ = ["Candidate", "Engine", "EvolutionConfig", "ORIGINS", "STRATEGIES"]
@@ -36,16 +37,15 @@ _BREED_TRIES = 50
 _RANDOM_TRIES = 200
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 @dataclass(frozen=True)
-class EvolutionConfig:
+class EvolutionConfig(Table):
     """The ``[evolution]`` table: search strategy and regularized-evolution settings.
 
     ``mutations = [lo, hi]``: each child gets between lo and hi mutations (uniform); an integer n means exactly n.
     """
+
+    section = "evolution"
+    choices = {"strategy": STRATEGIES}
 
     strategy: str = "evolution"
     population_size: int = 16
@@ -54,50 +54,19 @@ class EvolutionConfig:
     mutations: tuple[int, int] = (1, 2)
     seed: int = 0
 
-    def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ConfigError(f"evolution.strategy: expected one of {', '.join(STRATEGIES)}, got {self.strategy!r}")
-        if not _is_int(self.population_size) or self.population_size < 1:
-            raise ConfigError(f"evolution.population_size: expected a positive integer, got {self.population_size!r}")
-        if not _is_int(self.tournament_size) or not 1 <= self.tournament_size <= self.population_size:
-            raise ConfigError(
-                f"evolution.tournament_size: expected an integer in [1, population_size={self.population_size}], "
-                f"got {self.tournament_size!r}"
-            )
-        p = self.crossover_prob
-        if isinstance(p, bool) or not isinstance(p, (int, float)) or not 0.0 <= p <= 1.0:
-            raise ConfigError(f"evolution.crossover_prob: expected a probability in [0, 1], got {p!r}")
-        object.__setattr__(self, "crossover_prob", float(p))
+    def normalise(self) -> dict[str, Any]:
+        return {"mutations": (self.mutations, self.mutations)} if is_int(self.mutations) else {}
+
+    def checks(self) -> list[Check]:
         m = self.mutations
-        if _is_int(m):
-            m = (m, m)
-        if (
-            not isinstance(m, (list, tuple))
-            or len(m) != 2
-            or not all(_is_int(v) for v in m)
-            or not 1 <= m[0] <= m[1]
-        ):
-            raise ConfigError(
-                f"evolution.mutations: expected an integer >= 1 or [low, high] with 1 <= low <= high, "
-                f"got {self.mutations!r}"
-            )
-        object.__setattr__(self, "mutations", (int(m[0]), int(m[1])))
-        if not _is_int(self.seed):
-            raise ConfigError(f"evolution.seed: expected an integer, got {self.seed!r}")
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> "EvolutionConfig":
-        if d is not None and not isinstance(d, Mapping):
-            raise ConfigError(f"evolution: expected a table, got {d!r}")
-        d = dict(d or {})
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(d) - set(known))
-        if unknown:
-            raise ConfigError(f"evolution.{unknown[0]}: unknown key (known keys: {', '.join(known)})")
-        return cls(**d)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
+        return [
+            ("population_size", self.population_size >= 1, "a positive integer"),
+            ("tournament_size", 1 <= self.tournament_size <= self.population_size,
+             f"an integer in [1, population_size={self.population_size}]"),
+            ("crossover_prob", 0.0 <= self.crossover_prob <= 1.0, "a probability in [0, 1]"),
+            ("mutations", len(m) == 2 and all(is_int(v) for v in m) and 1 <= m[0] <= m[1],
+             "an integer >= 1 or [low, high] with 1 <= low <= high"),
+        ]
 
 
 @dataclass(frozen=True)
@@ -207,7 +176,7 @@ class Engine:
                 raw_genome = rec["genome"]
             except (KeyError, TypeError):
                 raise ValueError(f"replay: record {i} lacks 'id' or 'genome': {rec!r}") from None
-            if not _is_int(cid) or cid < 0:
+            if not is_int(cid) or cid < 0:
                 raise ValueError(f"replay: record {i} has a bad id {cid!r}")
             if cid in self._told:
                 log.warning("replay: candidate %d appears more than once; keeping the first record", cid)

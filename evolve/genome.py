@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from .errors import InvalidGenome
+from .settings import is_int
 
 __all__ = [
     "ACTIVATIONS",
@@ -64,14 +65,10 @@ DENSE_PART_TYPES = frozenset({"dense", "norm", "dropout"})
 TRAINING_GENES = ("optimizer", "lr", "batch_size", "weight_decay", "head")
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _as_int(where: str, value: Any) -> int:
     if isinstance(value, float) and value.is_integer():
         value = int(value)
-    if not _is_int(value) or value < 1:
+    if not is_int(value) or value < 1:
         raise InvalidGenome(f"{where}: expected a positive integer, got {value!r}")
     return int(value)
 

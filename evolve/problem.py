@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-__all__ = ["Problem", "TASKS"]
+from datashare.format import TASKS  # the tasks the data format knows
+from evolve.settings import is_int
 
-TASKS = ("classification", "regression")
+__all__ = ["Problem", "TASKS"]
 
 
 @dataclass(frozen=True)
@@ -27,7 +28,7 @@ class Problem:
         if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
             raise ValueError(f"problem.sample_shape: expected a sequence of positive integers, got {shape!r}")
         shape = tuple(shape)
-        if not 1 <= len(shape) <= 4 or not all(_is_int(s) and s >= 1 for s in shape):
+        if not 1 <= len(shape) <= 4 or not all(is_int(s) and s >= 1 for s in shape):
             raise ValueError(
                 "problem.sample_shape: expected 1 to 4 positive integers ((F,), (C, L), (C, H, W) or (C, D, H, W)), "
                 f"got {list(shape)}"
@@ -35,7 +36,7 @@ class Problem:
         object.__setattr__(self, "sample_shape", tuple(int(s) for s in shape))
         if self.task not in TASKS:
             raise ValueError(f"problem.task: expected one of {', '.join(TASKS)}, got {self.task!r}")
-        if not _is_int(self.num_outputs) or self.num_outputs < 1:
+        if not is_int(self.num_outputs) or self.num_outputs < 1:
             raise ValueError(f"problem.num_outputs: expected a positive integer, got {self.num_outputs!r}")
         object.__setattr__(self, "num_outputs", int(self.num_outputs))
 
@@ -83,7 +84,3 @@ class Problem:
         if missing:
             raise ValueError(f"problem.{missing[0]}: missing")
         return cls(sample_shape=tuple(d["sample_shape"]), task=d["task"], num_outputs=d["num_outputs"])
-
-
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)

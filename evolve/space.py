@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import math
 import random
-from dataclasses import dataclass, fields
-from typing import Any, Mapping
+from dataclasses import dataclass
+from typing import Any
 
 from .errors import ConfigError
 from .genome import (
@@ -25,6 +25,7 @@ from .genome import (
     Genome,
 )
 from .problem import Problem
+from .settings import Check, Table, is_int
 
 __all__ = ["SearchSpace", "SECTIONS", "spatial_shape_after"]
 
@@ -40,22 +41,38 @@ _TYPE_WEIGHTS = {"conv": 3.0, "residual": 2.0, "pool": 1.5, "norm": 1.0, "dropou
 _MAX_RANDOM_DENSE = 3
 
 
-def _is_int(x: Any) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool)
-
-
 def _is_num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
 
 
+def _positive_ints(values: tuple) -> bool:
+    return bool(values) and all(is_int(v) and v >= 1 for v in values)
+
+
+def _range_ok(value: tuple, low: float, high: float, log: bool) -> bool:
+    if len(value) != 2 or not all(_is_num(v) for v in value):
+        return False
+    lo, hi = value
+    return lo <= hi and (lo > low if log else lo >= low) and hi <= high
+
+
+_INT_LISTS = ("channels", "kernels", "strides", "pool_sizes", "units", "batch_sizes")
+_POSITIVE_INTS = "a non-empty list of positive integers"
+_LOG_RANGE = "a log-range [low, high] with 0 < low <= high"
+
+
 @dataclass(frozen=True)
-class SearchSpace:
+class SearchSpace(Table):
     """The choices a genome may take; defaults suit small-to-medium scientific datasets.
 
     ``lr`` and ``weight_decay`` are log-uniform ranges ``[low, high]``; a genome gets no weight decay with
-    probability ``zero_weight_decay_prob``. ``dropout`` is a uniform range. ``max_flatten_features`` bounds the
-    vector a ``flatten`` head may produce (larger ones switch to a pooling head).
+    probability ``zero_weight_decay_prob`` (``weight_decay = [0, 0]``: never any). ``dropout`` is a uniform range.
+    ``max_flatten_features`` bounds the vector a ``flatten`` head may produce (larger ones switch to a pooling head).
     """
+
+    section = "space"
+    choices = {"layer_types": LAYER_TYPES, "pool_ops": POOL_OPS, "activations": ACTIVATIONS, "norms": NORM_KINDS,
+               "heads": HEADS, "optimizers": OPTIMIZERS}
 
     layer_types: tuple[str, ...] = LAYER_TYPES
     min_layers: int = 1
@@ -78,93 +95,28 @@ class SearchSpace:
     max_params: int = 2_000_000
     max_flatten_features: int = 16384
 
-    def __post_init__(self) -> None:
-        # One validation path for both SearchSpace(...) and from_dict(): lists become tuples, bad values raise.
-        self._set("layer_types", self._choices("layer_types", LAYER_TYPES))
-        for name in ("min_layers", "max_layers", "max_params", "max_flatten_features"):
-            value = getattr(self, name)
-            low = 0 if name == "min_layers" else 1
-            if not _is_int(value) or value < low:
-                raise ConfigError(f"space.{name}: expected an integer >= {low}, got {value!r}")
-        if self.max_layers < self.min_layers:
-            raise ConfigError(
-                f"space.max_layers: must be >= space.min_layers ({self.min_layers}), got {self.max_layers}"
-            )
-        for name in ("channels", "kernels", "strides", "pool_sizes", "units", "batch_sizes"):
-            self._set(name, self._positive_ints(name))
-        self._set("pool_ops", self._choices("pool_ops", POOL_OPS))
-        self._set("activations", self._choices("activations", ACTIVATIONS))
-        self._set("norms", self._choices("norms", NORM_KINDS))
-        self._set("heads", self._choices("heads", HEADS))
-        self._set("optimizers", self._choices("optimizers", OPTIMIZERS))
-        self._set("dropout", self._range("dropout", 0.0, MAX_DROPOUT, log=False))
-        self._set("lr", self._range("lr", 0.0, math.inf, log=True))
+    def normalise(self) -> dict[str, Any]:
+        # A value listed twice counts once (in lists of plain ints or strings: anything else fails its check).
+        lists = {name: getattr(self, name) for name in (*self.choices, *_INT_LISTS)}
+        return {name: tuple(dict.fromkeys(v)) for name, v in lists.items()
+                if isinstance(v, (list, tuple)) and all(is_int(x) or isinstance(x, str) for x in v)}
+
+    def checks(self) -> list[Check]:
         wd = self.weight_decay
-        if isinstance(wd, (list, tuple)) and len(wd) == 2 and all(_is_num(v) and v == 0 for v in wd):
-            self._set("weight_decay", (0.0, 0.0))  # [0, 0]: never any weight decay
-        else:
-            self._set("weight_decay", self._range("weight_decay", 0.0, math.inf, log=True))
-        p = self.zero_weight_decay_prob
-        if not _is_num(p) or not 0.0 <= p <= 1.0:
-            raise ConfigError(f"space.zero_weight_decay_prob: expected a probability in [0, 1], got {p!r}")
-        self._set("zero_weight_decay_prob", float(p))
-
-    # --- validation helpers ---
-    def _set(self, name: str, value: Any) -> None:
-        object.__setattr__(self, name, value)
-
-    def _list(self, name: str, what: str) -> list:
-        value = getattr(self, name)
-        if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)) or not value:
-            raise ConfigError(f"space.{name}: expected a non-empty list of {what}, got {value!r}")
-        return list(value)
-
-    def _positive_ints(self, name: str) -> tuple[int, ...]:
-        values = self._list(name, "positive integers")
-        if not all(_is_int(v) and v >= 1 for v in values):
-            raise ConfigError(f"space.{name}: expected a non-empty list of positive integers, got {values!r}")
-        return tuple(dict.fromkeys(values))
-
-    def _choices(self, name: str, allowed: tuple[str, ...]) -> tuple[str, ...]:
-        what = "of " + ", ".join(allowed)
-        values = self._list(name, what)
-        bad = [v for v in values if v not in allowed]
-        if bad:
-            raise ConfigError(f"space.{name}: unknown value {bad[0]!r} (expected a non-empty list {what})")
-        return tuple(dict.fromkeys(values))
-
-    def _range(self, name: str, low: float, high: float, log: bool) -> tuple[float, float]:
-        value = getattr(self, name)
-        kind = "log-range" if log else "range"
-        ok = isinstance(value, (list, tuple)) and len(value) == 2 and all(_is_num(v) for v in value)
-        if ok:
-            lo, hi = float(value[0]), float(value[1])
-            ok = lo <= hi and (lo > low if log else lo >= low) and hi <= high
-        if not ok:
-            bound = "0 < low <= high" if log else f"{low} <= low <= high <= {high}"
-            raise ConfigError(f"space.{name}: expected a {kind} [low, high] with {bound}, got {value!r}")
-        return (lo, hi)
-
-    # --- config round trip ---
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any] | None) -> "SearchSpace":
-        """Build from the ``[space]`` TOML table; unknown keys and bad values raise ConfigError naming the key."""
-        if d is not None and not isinstance(d, Mapping):
-            raise ConfigError(f"space: expected a table, got {d!r}")
-        d = dict(d or {})
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(d) - set(known))
-        if unknown:
-            raise ConfigError(f"space.{unknown[0]}: unknown key (known keys: {', '.join(known)})")
-        return cls(**d)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain TOML/JSON types (lists, not tuples)."""
-        out: dict[str, Any] = {}
-        for f in fields(self):
-            value = getattr(self, f.name)
-            out[f.name] = list(value) if isinstance(value, tuple) else value
-        return out
+        no_decay = len(wd) == 2 and all(_is_num(v) and v == 0 for v in wd)
+        return [
+            ("min_layers", self.min_layers >= 0, "an integer >= 0"),
+            ("max_layers", self.max_layers >= 1, "an integer >= 1"),
+            ("max_params", self.max_params >= 1, "an integer >= 1"),
+            ("max_flatten_features", self.max_flatten_features >= 1, "an integer >= 1"),
+            ("max_layers", self.max_layers >= self.min_layers, f"an integer >= space.min_layers ({self.min_layers})"),
+            *((name, _positive_ints(getattr(self, name)), _POSITIVE_INTS) for name in _INT_LISTS),
+            ("dropout", _range_ok(self.dropout, 0.0, MAX_DROPOUT, log=False),
+             f"a range [low, high] with 0.0 <= low <= high <= {MAX_DROPOUT}"),
+            ("lr", _range_ok(self.lr, 0.0, math.inf, log=True), _LOG_RANGE),
+            ("weight_decay", no_decay or _range_ok(wd, 0.0, math.inf, log=True), f"{_LOG_RANGE}, or [0, 0] for none"),
+            ("zero_weight_decay_prob", 0.0 <= self.zero_weight_decay_prob <= 1.0, "a probability in [0, 1]"),
+        ]
 
     # --- sampling ---
     def section_types(self, problem: Problem, section: str) -> tuple[str, ...]:

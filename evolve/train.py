@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -17,11 +17,10 @@ import torch.nn.functional as F
 from datashare.plan import split_arrays
 
 from evolve.build import build_model, set_normalization
-from evolve.errors import ConfigError
 from evolve.genome import Genome
 from evolve.netdir import save_weights
 from evolve.problem import Problem
-from evolve.settings import from_table
+from evolve.settings import Check, Table
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -29,8 +28,10 @@ class NonFiniteLoss(FloatingPointError):
 
 
 @dataclass(frozen=True)
-class TrainConfig:
+class TrainConfig(Table):
     """The `[train]` table: how every candidate is trained (the genome holds what evolves)."""
+
+    section = "train"
 
     epochs: int = 6
     max_train_samples: int = 0  # per epoch; 0 = the whole training split
@@ -38,17 +39,11 @@ class TrainConfig:
     grad_clip: float = 5.0
     mixed_precision: bool = True  # on GPUs only
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "TrainConfig":
-        cfg = from_table(cls, "train", d)
-        if cfg.epochs < 1:
-            raise ConfigError(f"train.epochs: expected at least 1, got {cfg.epochs}")
-        if cfg.max_train_samples < 0 or cfg.eval_batch_size < 1 or cfg.grad_clip < 0:
-            raise ConfigError("train: max_train_samples and grad_clip must be >= 0, eval_batch_size >= 1")
-        return cfg
-
-    def to_dict(self) -> dict:
-        return asdict(self)
+    def checks(self) -> list[Check]:
+        return [("epochs", self.epochs >= 1, "at least 1"),
+                ("max_train_samples", self.max_train_samples >= 0, "at least 0 (0 = the whole training split)"),
+                ("eval_batch_size", self.eval_batch_size >= 1, "at least 1"),
+                ("grad_clip", self.grad_clip >= 0, "at least 0")]
 
 
 def _channel_axes(x: torch.Tensor) -> tuple[int, ...]:

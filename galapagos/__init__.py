@@ -8,7 +8,7 @@
 
 See galapagos.api for every function and what it returns.
 """
-from galapagos.api import design, ensemble, evolve, load, predict, report
+from galapagos.api import check_data, design, ensemble, evolve, import_data, load, predict, report
 from galapagos.errors import UsageError
 
-__all__ = ["design", "ensemble", "evolve", "load", "predict", "report", "UsageError"]
+__all__ = ["check_data", "design", "ensemble", "evolve", "import_data", "load", "predict", "report", "UsageError"]

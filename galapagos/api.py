@@ -80,6 +80,22 @@ def report(path: PathLike, top: int = 5) -> dict:
     return run_report(path, top)
 
 
+def check_data(path: PathLike) -> Any:
+    """Validate a dataset file fully (structure and every value): its DatasetInfo, or a DataError naming the file,
+    the dataset and what is wrong."""
+    from datashare.format import validate
+
+    return validate(path)
+
+
+def import_data(npz: PathLike, out: PathLike, *, task: str | None = None, num_classes: int | None = None,
+                name: str | None = None) -> Any:
+    """Convert a .npz (x_train, y_train, x_val, y_val, x_test, y_test) into a checked HDF5 dataset file."""
+    from datashare.write import import_npz
+
+    return import_npz(npz, out, task=task, num_classes=num_classes, name=name)
+
+
 def run(name: str, opts: Any) -> dict | None:
     """Run a job by name with its options (an options object or its dict): the one entry of every job."""
     from galapagos import designing, ensembling, evolution, inference

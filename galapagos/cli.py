@@ -95,21 +95,20 @@ def cmd_data(args) -> int:
     from datashare import format as fmt
 
     if args.action == "check":
-        show(f"{args.file}: OK", fmt.describe(fmt.validate(args.file)))
+        show(f"{args.file}: OK", fmt.describe(api.check_data(args.file)))
     elif args.action == "info":
         show(fmt.describe(fmt.inspect(args.file)))
     else:
-        from datashare.write import import_npz
-
-        info = import_npz(args.file, args.out, task=args.task, num_classes=args.num_classes, name=args.name)
+        info = api.import_data(args.file, args.out, task=args.task, num_classes=args.num_classes, name=args.name)
         show(f"wrote {args.out}", fmt.describe(info))
     return 0
 
 
 def cmd_launch(args, argv: list[str]) -> int:
-    from galapagos.jobs import main as launch_main
+    from galapagos.jobs import launch
 
-    return launch_main(args, argv)
+    launch(args, argv, say=show)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,17 +1,25 @@
-"""The resolved configuration of a run: defaults, then the TOML file, then `--set key=value`, then flags."""
+"""The configuration of a run: the TOML file, its five sections, and how they resolve (defaults <- file <- --set
+<- command-line flags).
+
+This module owns the file and the tables only the application reads: `[run]` (budget, limits, the master's
+bookkeeping) and `[ensemble]`. The tables the algorithms take as parameters live beside them: `[space]`
+(evolve/space.py), `[evolution]` (evolve/engine.py) and `[train]` (evolve/train.py). All five share one
+validation style, evolve/settings.py's `Table`: field defaults give the types, `checks()` the ranges, and every
+error names `section.key`.
+"""
 from __future__ import annotations
 
 import tomllib
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import tomli_w
 
-from ensemble.members import EnsembleConfig
+from ensemble.members import STRATEGIES
 from evolve.engine import EvolutionConfig
 from evolve.errors import ConfigError
-from evolve.settings import from_table
+from evolve.settings import Check, Table
 from evolve.space import SearchSpace
 from evolve.train import TrainConfig
 
@@ -20,8 +28,10 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class RunConfig:
+class RunConfig(Table):
     """The `[run]` table: budget, limits and the bookkeeping of the master."""
+
+    section = "run"
 
     evaluations: int = 0  # 0 = no limit by count (then budget_minutes must be set)
     budget_minutes: float = 0.0  # 0 = no limit by time
@@ -37,22 +47,49 @@ class RunConfig:
     readers: int = 1  # node leaders that read the dataset file, each a disjoint part; 0 = every node's leader
     prefetch: int = -1  # tasks queued on a worker beyond the one it runs; -1 = one while tasks are short
 
-    @classmethod
-    def from_dict(cls, d: dict) -> "RunConfig":
-        cfg = from_table(cls, "run", d)
-        checks = [("evaluations", cfg.evaluations >= 0), ("budget_minutes", cfg.budget_minutes >= 0),
-                  ("task_timeout", cfg.task_timeout > 0), ("val_fraction", 0 < cfg.val_fraction < 1),
-                  ("prune_after", cfg.prune_after >= 1), ("prune_min_results", cfg.prune_min_results >= 1),
-                  ("keep_models", cfg.keep_models >= 1), ("chunk_mib", 1 <= cfg.chunk_mib <= 2047), ("readers", cfg.readers >= 0),
-                  ("prefetch", cfg.prefetch >= -1), ("task", ":" in cfg.task)]
-        for key, ok in checks:
-            if not ok:
-                raise ConfigError(f"run.{key}: value {getattr(cfg, key)!r} is out of range")
-        return cfg
+    def checks(self) -> list[Check]:
+        return [("evaluations", self.evaluations >= 0, "at least 0 (0 = no limit by count)"),
+                ("budget_minutes", self.budget_minutes >= 0, "at least 0 (0 = no limit by time)"),
+                ("task_timeout", self.task_timeout > 0, "more than 0 seconds"),
+                ("val_fraction", 0 < self.val_fraction < 1, "a fraction strictly between 0 and 1"),
+                ("prune_after", self.prune_after >= 1, "at least 1"),
+                ("prune_min_results", self.prune_min_results >= 1, "at least 1"),
+                ("keep_models", self.keep_models >= 1, "at least 1"),
+                ("chunk_mib", 1 <= self.chunk_mib <= 2047, "an integer in [1, 2047]"),
+                ("readers", self.readers >= 0, "at least 0 (0 = every node's leader)"),
+                ("prefetch", self.prefetch >= -1, "at least -1 (-1 = one while tasks are short)"),
+                ("task", ":" in self.task, "module:function")]
 
 
-SECTIONS = {"space": SearchSpace, "evolution": EvolutionConfig, "train": TrainConfig, "run": RunConfig,
-            "ensemble": EnsembleConfig}
+@dataclass(frozen=True)
+class EnsembleConfig(Table):
+    """The `[ensemble]` table: how many members, from which genomes, trained how long, selected how."""
+
+    section = "ensemble"
+    choices = {"strategy": STRATEGIES}
+
+    members: int = 8
+    strategy: str = "mixed"  # distinct | seeds | mixed (ensemble.members.choose_members)
+    epochs: int = 0  # epochs per member; 0 = twice train.epochs (members train to completion, no pruning)
+    task_timeout: float = 0.0  # seconds per member; 0 = run.task_timeout scaled by epochs / train.epochs
+    max_rounds: int = 50  # selection: the most picks (with replacement)
+    init: int = 1  # selection: start from up to this many best members (sorted initialisation)
+    seed: int = 0
+
+    def checks(self) -> list[Check]:
+        return [("members", self.members >= 1, "at least 1"), ("epochs", self.epochs >= 0, "at least 0"),
+                ("task_timeout", self.task_timeout >= 0, "at least 0"),
+                ("max_rounds", self.max_rounds >= 1, "at least 1"), ("init", self.init >= 1, "at least 1"),
+                ("seed", self.seed >= 0, "at least 0")]
+
+    def member_epochs(self, train_epochs: int) -> int:
+        return self.epochs or 2 * train_epochs
+
+    def member_timeout(self, run_timeout: float, train_epochs: int) -> float:
+        return self.task_timeout or run_timeout * self.member_epochs(train_epochs) / train_epochs
+
+
+SECTIONS = {table.section: table for table in (SearchSpace, EvolutionConfig, TrainConfig, RunConfig, EnsembleConfig)}
 
 
 @dataclass(frozen=True)
@@ -71,11 +108,7 @@ class Config:
         return cls(**{name: kind.from_dict(d.get(name, {})) for name, kind in SECTIONS.items()})
 
     def to_dict(self) -> dict:
-        out = {}
-        for name in SECTIONS:
-            section = getattr(self, name)
-            out[name] = section.to_dict() if hasattr(section, "to_dict") else asdict(section)
-        return out
+        return {name: getattr(self, name).to_dict() for name in SECTIONS}
 
     def dumps(self) -> str:
         return tomli_w.dumps(self.to_dict())

@@ -95,7 +95,8 @@ def prepare(source: str | Path, data: str | Path, out: str | Path, *, sets: list
             raise RunDirError(f"--resume: unreadable {plan}: {exc}") from None
     else:
         try:
-            specs = choose_members(src.read_journal(), config.ensemble, run=str(src.path))
+            specs = choose_members(src.read_journal(), members=config.ensemble.members,
+                                   strategy=config.ensemble.strategy, seed=config.ensemble.seed, run=str(src.path))
         except ValueError as exc:
             raise RunDirError(f"--from {exc}") from None
     return EnsembleJob(src, str(data), dst, config, problem, tuple(specs), resume)

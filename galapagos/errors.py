@@ -1,7 +1,7 @@
 """The errors a user sees: one clear line, exit code 2, nothing written."""
 from __future__ import annotations
 
-EXIT_USAGE = 2  # the exit code of a command (and of every rank of its job) for bad input
+from launch.protocol import EXIT_BAD_INPUT as EXIT_USAGE  # the exit code of a command and its ranks on bad input
 
 
 class UsageError(ValueError):

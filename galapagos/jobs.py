@@ -6,8 +6,10 @@ import contextlib
 import io
 import shlex
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from galapagos.errors import UsageError
 from galapagos.parser import build_parser
@@ -124,8 +126,9 @@ def default_program() -> str:
     return str(entry) if entry.exists() else f"{sys.executable} -m galapagos.cli"
 
 
-def main(args, argv: list[str]) -> int:
-    """Check everything, write the script (and its settings), then submit it and any chained follow-ups."""
+def launch(args: Any, argv: list[str], say: Callable[[str], None]) -> None:
+    """Check everything, write the script (and its settings), then submit it and any chained follow-ups; `say`
+    hears each script written, each job submitted and each dependency found, as it happens."""
     site = load_site(args.site) if args.site else {}
     given = {k: getattr(args, k) for k in OPTION_KEYS if getattr(args, k, None) is not None}
     env = parse_env(args.env or [])
@@ -147,7 +150,7 @@ def main(args, argv: list[str]) -> int:
         last = next((j["id"] for j in reversed(saved.get("jobs", [])) if "id" in j), None)
         if after is None and last and is_active(opts["scheduler"], last):
             after = last
-            print(f"waits for job {last}, which is still queued or running", flush=True)
+            say(f"waits for job {last}, which is still queued or running")
     else:
         opts = {**{k: v for k, v in site.items() if k in OPTION_KEYS}, **given}
         env = {**site.get("env", {}), **env}
@@ -175,10 +178,9 @@ def main(args, argv: list[str]) -> int:
         if job is not req:
             job = replace(job, after=previous)
         write_job(job)
-        print(f"script: {job.script}", flush=True)
+        say(f"script: {job.script}")
         job_id = submit(job.scheduler, job.script) if args.submit else None
         save_settings(job, job_id)
         if job_id:
-            print(f"submitted: {job.scheduler} job {job_id}", flush=True)
+            say(f"submitted: {job.scheduler} job {job_id}")
         previous = job_id
-    return 0

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 
+from datashare.format import TASKS
+
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="galapagos", description="Evolve neural networks for a scientific dataset, "
@@ -78,7 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
     im = dsub.add_parser("import", help="convert a .npz (x_train, y_train, x_val, ...) to the HDF5 format")
     im.add_argument("file")
     im.add_argument("out")
-    im.add_argument("--task", choices=["classification", "regression"])
+    im.add_argument("--task", choices=TASKS)
     im.add_argument("--num-classes", type=int)
     im.add_argument("--name")
 

@@ -19,6 +19,7 @@ from enum import Enum
 from typing import Any
 
 TAG = 17  # the runtime's MPI tag (the datashare layer has its own for the data it sends)
+EXIT_BAD_INPUT = 2  # every rank's exit code, and the command's, when the job cannot start on bad input
 
 
 class Status(str, Enum):

@@ -19,13 +19,11 @@ from datashare.share import DataShareError, Shared, share
 from datashare.shm import remove_stale
 from launch.mpi import Backoff, node_comm
 from launch.placement import Placement, place
-from launch.protocol import TAG, Setup, SetupFailed
+from launch.protocol import EXIT_BAD_INPUT, TAG, Setup, SetupFailed
 from launch.runtime import TaskSource, master_serve, worker_serve
 from launch.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
-
-EXIT_BAD_INPUT = 2  # as the command's own exit code for bad input, so the job's code is 2 as well
 
 
 def _placement(comm: Any, node: Any) -> Placement:

@@ -57,3 +57,24 @@ def test_every_rank_calls_the_api_under_mpiexec(tmp_path, data):
     assert "result rank=0 4" in proc.stdout, describe_run(proc)
     assert "result rank=1 null" in proc.stdout and "result rank=2 null" in proc.stdout, describe_run(proc)
     assert len((tmp_path / "run" / "results.jsonl").read_text().splitlines()) == 4
+
+
+def test_import_and_check_data(tmp_path, capsys):
+    import numpy as np
+
+    from galapagos.cli import main
+
+    rng = np.random.default_rng(0)
+    arrays = {f"x_{s}": rng.normal(size=(n, 3, 8)).astype(np.float32) for s, n in (("train", 40), ("test", 10))}
+    arrays |= {f"y_{s}": rng.integers(0, 4, n) for s, n in (("train", 40), ("test", 10))}
+    np.savez(tmp_path / "d.npz", **arrays)
+    info = galapagos.import_data(tmp_path / "d.npz", tmp_path / "d.h5", task="classification", num_classes=4)
+    assert info.splits == {"train": 40, "test": 10} and tuple(info.sample_shape) == (3, 8)
+    assert galapagos.check_data(tmp_path / "d.h5").splits == info.splits
+    assert main(["data", "import", str(tmp_path / "d.npz"), str(tmp_path / "e.h5"), "--task", "classification",
+                 "--num-classes", "4"]) == 0
+    assert main(["data", "check", str(tmp_path / "e.h5")]) == 0
+    assert f"{tmp_path / 'e.h5'}: OK" in capsys.readouterr().out
+    np.savez(tmp_path / "bad.npz", x_train=arrays["x_train"])
+    with pytest.raises(ValueError, match="bad.npz"):
+        galapagos.import_data(tmp_path / "bad.npz", tmp_path / "bad.h5")

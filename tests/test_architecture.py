@@ -114,7 +114,7 @@ def test_import_galapagos_gives_the_api_without_mpi_or_torch():
     assert proc.returncode == 0, proc.stderr
     api, loaded = json.loads(proc.stdout)
     assert api == ["evolve", "design", "ensemble", "predict", "load", "report"]
-    assert not set(loaded) & {"mpi4py", "torch", "launch"}
+    assert not set(loaded) & {"mpi4py", "torch"}
 
 
 def test_modules_stay_readable():

@@ -1,8 +1,11 @@
 """Defaults <- file <- --set <- flags, with errors that name the key."""
+import re
+
 import pytest
 
 from evolve.errors import ConfigError
-from galapagos.config import Config, load_config, parse_value
+from evolve.train import TrainConfig
+from galapagos.config import SECTIONS, Config, EnsembleConfig, load_config, parse_value
 
 
 def test_layers_of_config(tmp_path):
@@ -31,3 +34,38 @@ def test_parse_value():
 def test_errors_name_the_key(sets, key):
     with pytest.raises(ConfigError, match=key.replace(".", r"\.")):
         load_config(None, sets)
+
+
+# --- one validation style for all five tables (evolve.settings.Table) ---
+BAD_TYPE = {"space": ("max_layers", "ten"), "evolution": ("seed", "abc"), "train": ("epochs", 2.5),
+            "run": ("readers", "all"), "ensemble": ("strategy", 3)}
+OUT_OF_RANGE = {"space": ("max_params", 0), "evolution": ("crossover_prob", 1.5), "train": ("eval_batch_size", 0),
+                "run": ("chunk_mib", 4096), "ensemble": ("init", 0)}
+
+
+@pytest.mark.parametrize("section", sorted(SECTIONS))
+def test_every_section_names_the_key(section):
+    table = SECTIONS[section]
+    assert table.section == section and table.from_dict(table().to_dict()) == table()
+    with pytest.raises(ConfigError, match=rf"^{section}\.nosuchkey: unknown key"):
+        table.from_dict({"nosuchkey": 1})
+    key, value = BAD_TYPE[section]
+    with pytest.raises(ConfigError, match=rf"^{section}\.{key}: expected an? .+, got {re.escape(repr(value))}$"):
+        table.from_dict({key: value})
+    key, value = OUT_OF_RANGE[section]
+    with pytest.raises(ConfigError, match=rf"^{section}\.{key}: expected .+, got {re.escape(repr(value))}$"):
+        table.from_dict({key: value})
+    with pytest.raises(ConfigError, match=rf"^{section}: expected a table"):
+        table.from_dict([1])
+
+
+def test_tables_accept_ints_for_floats_and_lists_for_tuples():
+    cfg = Config.from_dict({"run": {"budget_minutes": 5}, "space": {"lr": [1, 2], "channels": [8, 8, 4]},
+                            "evolution": {"mutations": 2}})
+    assert cfg.run.budget_minutes == 5.0 and isinstance(cfg.run.budget_minutes, float)
+    assert cfg.space.lr == (1.0, 2.0) and all(isinstance(v, float) for v in cfg.space.lr)
+    assert cfg.space.channels == (8, 4) and cfg.evolution.mutations == (2, 2)
+    with pytest.raises(ConfigError, match=r"^ensemble\.strategy: expected one of distinct, seeds, mixed"):
+        EnsembleConfig(strategy="best")  # built directly, a table checks itself the same way
+    with pytest.raises(ConfigError, match=r"^train\.mixed_precision: expected true or false, got 1$"):
+        TrainConfig(mixed_precision=1)

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ensemble.members import SEED_BASE, EnsembleConfig, choose_members
+from ensemble.members import SEED_BASE, choose_members
 from ensemble.store import EnsembleError, load_manifest, member_dir
 from examples import shapes
 from galapagos import cli
@@ -45,18 +45,18 @@ def _record(i: int, fitness: float | None, key: str, status: str = "ok") -> dict
 def test_members_by_strategy():
     records = [_record(0, 0.5, "a"), _record(1, 0.9, "b"), _record(2, None, "c", "failed"), _record(3, 0.7, "d"),
                _record(4, 0.6, "e", "pruned")]
-    distinct = choose_members(records, EnsembleConfig(members=4, strategy="distinct"), run="r")
+    distinct = choose_members(records, members=4, strategy="distinct", seed=0, run="r")
     assert [s.key for s in distinct] == ["b", "d", "a", "b"]  # best first; filled by retraining the best again
     assert [s.origin["kind"] for s in distinct] == ["distinct"] * 3 + ["reseed"]
-    seeds = choose_members(records, EnsembleConfig(members=3, strategy="seeds"))
+    seeds = choose_members(records, members=3, strategy="seeds", seed=0)
     assert {s.key for s in seeds} == {"b"} and [s.origin["id"] for s in seeds] == [1, 1, 1]
-    mixed = choose_members(records, EnsembleConfig(members=5, strategy="mixed"))
+    mixed = choose_members(records, members=5, strategy="mixed", seed=0)
     assert [s.key for s in mixed] == ["b", "d", "a", "b", "b"]
     for plan in (distinct, seeds, mixed):
         assert len({s.seed for s in plan}) == len(plan) and all(s.seed >= SEED_BASE for s in plan)
         assert len({s.name for s in plan}) == len(plan)
     with pytest.raises(ValueError, match="no evaluation finished"):
-        choose_members([_record(0, None, "a", "crashed")], EnsembleConfig())
+        choose_members([_record(0, None, "a", "crashed")], members=8, strategy="mixed", seed=0)
 
 
 # -- design, and an ensemble from its run --------------------------------------------------------------------------
