@@ -80,12 +80,12 @@ def report(path: PathLike, top: int = 5) -> dict:
     return run_report(path, top)
 
 
-def check_data(path: PathLike) -> Any:
-    """Validate a dataset file fully (structure and every value): its DatasetInfo, or a DataError naming the file,
-    the dataset and what is wrong."""
-    from datashare.format import validate
+def check_data(path: PathLike, *, values: bool = True) -> Any:
+    """Check a dataset file: its structure and (`values`) every value. Its DatasetInfo, or a DataError naming the
+    file, the dataset and what is wrong."""
+    from datashare.format import inspect, validate
 
-    return validate(path)
+    return validate(path) if values else inspect(path)
 
 
 def import_data(npz: PathLike, out: PathLike, *, task: str | None = None, num_classes: int | None = None,

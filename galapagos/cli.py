@@ -97,7 +97,7 @@ def cmd_data(args) -> int:
     if args.action == "check":
         show(f"{args.file}: OK", fmt.describe(api.check_data(args.file)))
     elif args.action == "info":
-        show(fmt.describe(fmt.inspect(args.file)))
+        show(fmt.describe(api.check_data(args.file, values=False)))
     else:
         info = api.import_data(args.file, args.out, task=args.task, num_classes=args.num_classes, name=args.name)
         show(f"wrote {args.out}", fmt.describe(info))

@@ -94,7 +94,7 @@ def _add_launch(sub) -> None:
                        usage="galapagos launch --scheduler S --nodes N --gpus-per-node G [options] "
                              "-- galapagos evolve|ensemble|design ...")
     p.add_argument("--site", help="TOML profile with one machine's defaults and limits (see examples/sites/)")
-    p.add_argument("--scheduler", help=f"one of slurm, lsf, alps, pbs, flux, local")
+    p.add_argument("--scheduler", help="one of slurm, lsf, alps, pbs, flux, local")
     p.add_argument("--nodes", type=int)
     p.add_argument("--gpus-per-node", type=int, help="one worker rank per GPU; 0 for CPU-only nodes")
     p.add_argument("--cpus-per-node", type=int, help="cores per node (jsrun's resource file needs it)")

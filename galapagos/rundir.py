@@ -13,7 +13,6 @@ import os
 from pathlib import Path
 from typing import Iterable
 
-from evolve.files import write_json
 from evolve.netdir import NetworkDir
 from launch.protocol import Result, Status
 
