@@ -37,7 +37,11 @@ def free_bytes(directory: str = SHM_DIR) -> int:
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB"
+    """A size in the unit that shows it (a tmpfs of a few MiB is not "0.00 GiB")."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} bytes"
 
 
 class SharedArrays:

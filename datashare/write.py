@@ -10,6 +10,7 @@ import dataclasses
 import logging
 import os
 import secrets
+import zipfile
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -115,17 +116,21 @@ def _npz_x(fname: str, key: str, x: np.ndarray) -> np.ndarray:
 
 def import_npz(npz_path: str | os.PathLike, out_path: str | os.PathLike, *, task: str | None = None,
                num_classes: int | None = None, name: str | None = None, description: str | None = None,
-               target_names: Sequence[str] | None = None) -> DatasetInfo:
+               target_names: Sequence[str] | None = None, overwrite: bool = False) -> DatasetInfo:
     """Convert a .npz (x_train, y_train and optional x_val/y_val, x_test/y_test) into the format.
 
     The task is inferred from the labels unless given: integers mean classification with max label + 1
     classes, floats mean regression; (N,) inputs or regression targets become (N, 1); float64 inputs become
-    float32. The output is written atomically and validated.
+    float32. The output is written atomically and validated; an existing output file is kept unless `overwrite`.
     """
     src = str(npz_path)
     p = Path(src)
     if not p.is_file():
         raise data_error(src, "/", "no such file")
+    if Path(out_path).exists() and not overwrite:
+        raise data_error(str(out_path), "/", "already exists; give another output file, or --force to replace it")
+    if not zipfile.is_zipfile(src):
+        raise data_error(src, "/", "not a .npz archive (numpy.savez writes one; this file is not a zip archive)")
     try:
         with np.load(src, allow_pickle=False) as z:
             raw = {k: z[k] for k in z.files}

@@ -9,8 +9,8 @@ DIR/metrics.json   {"problem": Problem.to_dict(), "fitness", "metrics", "params"
 from __future__ import annotations
 
 import json
-import pickle
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -81,9 +81,17 @@ class NetworkDir:
         problem = self.problem()
         model = build_model(genome, problem)
         try:
-            model.load_state_dict(torch.load(self.model_file, map_location="cpu", weights_only=True))
-        except (RuntimeError, OSError, EOFError, pickle.UnpicklingError) as exc:
-            raise ModelError(f"{self.path}: {MODEL} is unreadable or does not fit the genome: "
+            with warnings.catch_warnings():  # torch warns about what it finds in a damaged file before it fails
+                warnings.simplefilter("ignore")
+                state = torch.load(self.model_file, map_location="cpu", weights_only=True)
+        except Exception as exc:  # noqa: BLE001 - a damaged file fails deep inside the unpickler, in any way
+            # Not torch's own advice (load with weights_only=False): nothing here should unpickle arbitrary objects.
+            raise ModelError(f"{self.path}: {MODEL} is unreadable: not a state_dict saved by torch.save "
+                             f"({type(exc).__name__}); it may be truncated or corrupt") from None
+        try:
+            model.load_state_dict(state)
+        except (RuntimeError, TypeError, AttributeError) as exc:
+            raise ModelError(f"{self.path}: {MODEL} does not fit the genome in {GENOME}: "
                              f"{str(exc).splitlines()[0]}") from None
         return model.to(device).eval(), genome, problem
 

@@ -89,11 +89,12 @@ def check_data(path: PathLike, *, values: bool = True) -> Any:
 
 
 def import_data(npz: PathLike, out: PathLike, *, task: str | None = None, num_classes: int | None = None,
-                name: str | None = None) -> Any:
-    """Convert a .npz (x_train, y_train, x_val, y_val, x_test, y_test) into a checked HDF5 dataset file."""
+                name: str | None = None, overwrite: bool = False) -> Any:
+    """Convert a .npz (x_train, y_train, x_val, y_val, x_test, y_test) into a checked HDF5 dataset file; an
+    existing `out` is refused unless `overwrite`."""
     from datashare.write import import_npz
 
-    return import_npz(npz, out, task=task, num_classes=num_classes, name=name)
+    return import_npz(npz, out, task=task, num_classes=num_classes, name=name, overwrite=overwrite)
 
 
 def run(name: str, opts: Any) -> dict | None:

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import json
 import logging
+import shlex
+import signal
 import sys
 
 from galapagos import api
@@ -20,14 +22,20 @@ def show(*lines: str) -> None:
 def cmd_evolve(args) -> int:
     result = api.run("evolve", EvolveOptions.from_args(args))
     if result is not None:
-        show_evolution(result)
-    return 0
+        show_evolution(result, args.data)
+    return stop_code(result)
 
 
-def show_evolution(summary: dict) -> None:
+def stop_code(result: dict | None) -> int:
+    """0, or 130 when Ctrl-C stopped the job (cleanly: what was done is kept)."""
+    return 128 + signal.SIGINT if result and result.get("stopped_by") == "SIGINT" else 0
+
+
+def show_evolution(summary: dict, data: str) -> None:
     show(format_summary(summary), f"run directory: {summary['run']} (best network in {summary['best_dir']})")
     if summary.get("stopped_by") and not summary["finished"]:
-        show(f"stopped by {summary['stopped_by']} before the budget was spent: continue with --resume")
+        show(f"stopped by {summary['stopped_by']} before the budget was spent; continue with: "
+             f"galapagos evolve --resume --out {shlex.quote(summary['run'])} --data {shlex.quote(data)}")
 
 
 def show_ensemble(metrics: dict) -> None:
@@ -41,23 +49,23 @@ def cmd_ensemble(args) -> int:
     result = api.run("ensemble", EnsembleOptions.from_args(args))
     if result is not None:
         show_ensemble(result)
-    return 0
+    return stop_code(result)
 
 
 def cmd_design(args) -> int:
     result = api.run("design", EvolveOptions.from_args(args))
     if result is None:
         return 0
-    show_evolution(result["evolution"])
+    show_evolution(result["evolution"], args.data)
     if "ensemble" not in result:
         out = result["evolution"]["run"]
         show(f"the ensemble was not built: continue with `galapagos evolve --resume --out {out} ...`, then "
              f"`galapagos ensemble --from {out} ...`")
-        return 0
+        return stop_code(result)
     show_ensemble(result["ensemble"])
     if "report" in result:
         show(format_report(result["report"]))
-    return 0
+    return stop_code(result)
 
 
 def cmd_predict(args) -> int:
@@ -99,7 +107,8 @@ def cmd_data(args) -> int:
     elif args.action == "info":
         show(fmt.describe(api.check_data(args.file, values=False)))
     else:
-        info = api.import_data(args.file, args.out, task=args.task, num_classes=args.num_classes, name=args.name)
+        info = api.import_data(args.file, args.out, task=args.task, num_classes=args.num_classes, name=args.name,
+                               overwrite=args.force)
         show(f"wrote {args.out}", fmt.describe(info))
     return 0
 

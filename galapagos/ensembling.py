@@ -78,9 +78,12 @@ def prepare(source: str | Path, data: str | Path, out: str | Path, *, sets: list
     if resume:
         if not plan.exists():
             raise RunDirError(f"--resume: {dst.path} holds no ensemble build to resume (no {PLAN})")
-        if overrides:
-            raise RunDirError(f"--resume continues the plan in {plan}; --members and --strategy cannot change it")
         config = load_config(dst.config, sets)
+        changed = {k: v for k, v in (overrides or {}).items()
+                   if getattr(config.ensemble, k.split(".")[1]) != v}  # the same values as the plan's are fine
+        if changed:
+            raise RunDirError(f"--resume continues the plan in {plan} ({config.ensemble.members} members, strategy "
+                              f"{config.ensemble.strategy}); --members and --strategy cannot change it")
     else:
         if dst.path.exists() and any(dst.path.iterdir()):
             raise RunDirError(f"--out {dst.path} exists and is not empty; use --resume or a new --out")

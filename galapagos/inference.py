@@ -229,6 +229,8 @@ def run(opts: PredictOptions) -> dict | None:
         raise UsageError(f"--batch {opts.batch}: must be at least 1")
     if opts.ranks is not None and opts.ranks < 1:
         raise UsageError(f"--ranks {opts.ranks}: must be at least 1")
+    if opts.save and not Path(opts.save).absolute().parent.is_dir():
+        raise UsageError(f"--save {opts.save}: directory {Path(opts.save).absolute().parent} does not exist")
     members = used_members(opts.model)  # an ensemble's manifest is checked before any rank starts
     if members is None:
         if opts.ranks and opts.ranks > 1 and rank0:

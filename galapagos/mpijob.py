@@ -10,9 +10,12 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
+import traceback
 from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -22,6 +25,9 @@ from typing import Any
 from galapagos.errors import UsageError
 
 log = logging.getLogger("galapagos")
+
+
+EXIT_CRASH = 1  # the job's exit code when rank 0 failed unexpectedly (MPI_Abort)
 
 
 class JobFailed(RuntimeError):
@@ -61,12 +67,16 @@ def setup_logging(rank: int = 0, logfile: Path | None = None) -> None:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, handlers=handlers, force=True)
 
 
+def cores() -> int:
+    """The cores this process may run on."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
 def default_workers() -> int:
     """One worker per GPU, else one per core (a share of a node for each)."""
     from launch.placement import gpu_count
 
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    return gpu_count() or cores
+    return gpu_count() or cores()
 
 
 def run(flow: Flow, opts: Any) -> dict | None:
@@ -75,7 +85,7 @@ def run(flow: Flow, opts: Any) -> dict | None:
 
     if not under_launcher():
         flow.check(opts)
-        return start_ranks(flow.name, opts, opts.workers or default_workers())
+        return start_ranks(flow.name, opts, default_workers() if opts.workers is None else opts.workers)
     return run_rank(flow, opts)
 
 
@@ -95,7 +105,12 @@ def run_rank(flow: Flow, opts: Any) -> dict | None:
         workers = getattr(opts, "workers", None)
         if workers and workers != comm.size - 1:
             log.warning("--workers %d ignored: this job has %d worker rank(s)", workers, comm.size - 1)
-        return flow.master(comm, opts)
+        try:
+            return flow.master(comm, opts)
+        except user_errors():
+            raise  # bad input: the workers were told before they started, or stopped
+        except (Exception, KeyboardInterrupt) as exc:
+            abort(comm, flow.name, exc, getattr(opts, "out", None))
     setup_logging(comm.rank)
     for phase in range(flow.phases):
         if (code := worker_main(comm)) != 0:  # the master could not start this phase; it says why
@@ -111,21 +126,71 @@ def start_ranks(name: str, opts: Any, workers: int) -> dict | None:
 
     if workers < 1:
         raise UsageError(f"--workers {workers}: need at least one worker")
+    if workers > (have := cores()):
+        log.warning("%d worker(s) on %d core(s): they will take turns on the cores (oversubscribed); fewer workers "
+                    "train as fast", workers, have)
+    try:
+        launcher = mpiexec()
+    except RuntimeError as exc:
+        raise UsageError(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="galapagos-") as tmp:
         result = Path(tmp) / "result.json"
-        cmd = [mpiexec(), "-n", str(workers + 1), sys.executable, "-m", "galapagos.ranks", name,
+        cmd = [launcher, "-n", str(workers + 1), sys.executable, "-m", "galapagos.ranks", name,
                json.dumps(opts.to_dict()), str(result)]
         log.info("starting %d rank(s): %s", workers + 1, " ".join(cmd[:6]) + " ...")
-        try:
-            code = subprocess.call(cmd)
-        except KeyboardInterrupt:
-            raise JobFailed(name, 130) from None
+        code, signalled = _run_job(cmd, Path(tmp) / "ready")
         outcome = json.loads(result.read_text()) if result.exists() else {}
     if "error" in outcome:
         raise UsageError(outcome["error"])
     if code != 0 or "result" not in outcome:
-        raise JobFailed(name, code or 1)
-    return outcome["result"]
+        raise JobFailed(name, 128 + signal.SIGINT if signalled == "SIGINT" else code or 1)
+    found = outcome["result"]
+    for part in (found, (found or {}).get("evolution")):  # the ranks saw SIGUSR1; say what the user sent
+        if signalled and isinstance(part, dict) and part.get("stopped_by"):
+            part["stopped_by"] = signalled
+    return found
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+
+
+def _run_job(cmd: list[str], ready: Path) -> tuple[int, str | None]:
+    """Run the job's mpiexec in a session of its own and wait for it: (exit code, the stop signal received).
+
+    A stop signal to this process (Ctrl-C, kill, a scheduler's warning) becomes one SIGUSR1 to mpiexec, which hands
+    it to every rank: the run stops cleanly and writes its summary. It is passed on once every rank catches it (the
+    master touches `ready` then; a rank still starting would die of it); a second signal ends the job at once. If
+    this process dies, mpiexec gets SIGTERM (PR_SET_PDEATHSIG) and ends the ranks: no job trains on unattended.
+    """
+    from launch.trainer import die_with_parent
+
+    got: list[int] = []
+    try:
+        previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in STOP_SIGNALS}
+    except ValueError:  # not the main thread: signals stay with whoever owns them
+        previous = {}
+    try:
+        try:
+            proc = subprocess.Popen(cmd, env={**os.environ, "GALAPAGOS_READY_FILE": str(ready)},
+                                    start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+        except OSError as exc:
+            raise UsageError(f"cannot start {cmd[0]}: {exc.strerror} (install MPI, e.g. pip install mpich, or set "
+                             "GALAPAGOS_MPIEXEC to your mpiexec)") from None
+        passed = 0  # signals received when SIGUSR1 went on
+        while proc.poll() is None:
+            if got and not passed and ready.exists():
+                log.warning("%s: stopping the run cleanly (again to end it at once)", signal.Signals(got[0]).name)
+                proc.send_signal(signal.SIGUSR1)
+                passed = len(got)
+            elif len(got) > max(passed, 1):
+                log.warning("%s again: ending the job now", signal.Signals(got[-1]).name)
+                proc.send_signal(signal.SIGTERM)
+                passed = len(got)
+            time.sleep(0.1)
+        return proc.returncode, signal.Signals(got[0]).name if got else None
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def user_errors() -> tuple[type[Exception], ...]:
@@ -154,3 +219,19 @@ def starting(comm: Any):
     except (*user_errors(), ValueError, OSError) as exc:
         master_start(comm, SetupFailed(str(exc)))
         raise UsageError(str(exc)) from None
+
+
+def abort(comm: Any, name: str, exc: BaseException, out: str | None) -> None:
+    """Rank 0 failed unexpectedly: say why in one line (the traceback goes to OUT/log/crash-rank0.txt when it can),
+    then end every rank of the job (MPI_Abort), so that none waits forever."""
+    where = ""
+    if out and Path(out, "log").is_dir():
+        try:
+            crash = Path(out, "log", "crash-rank0.txt")
+            crash.write_text("".join(traceback.format_exception(exc)))
+            where = f"; traceback in {crash}"
+        except OSError:
+            pass
+    print(f"galapagos {name}: error on rank 0: {type(exc).__name__}: {exc}{where}; ending the job", file=sys.stderr,
+          flush=True)
+    comm.Abort(EXIT_CRASH)

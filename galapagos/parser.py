@@ -83,6 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("--task", choices=TASKS)
     im.add_argument("--num-classes", type=int)
     im.add_argument("--name")
+    im.add_argument("--force", action="store_true", help="replace the output file if it exists")
 
     _add_launch(sub)
     return p

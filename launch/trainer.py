@@ -106,18 +106,19 @@ def _setup_cpu(cores: tuple[int, ...] | None, threads: int) -> None:
         sys.modules["torch"].set_num_threads(max(1, threads))
 
 
-def _die_with_parent() -> None:
-    """Linux: SIGKILL this child when its worker rank dies, so no trainer outlives a killed job."""
+def die_with_parent(signum: int = signal.SIGKILL) -> None:
+    """Linux: `signum` to this process when its parent dies (a trainer when its worker rank dies, the job's mpiexec
+    when the command that started it dies), so nothing outlives what started it."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        ctypes.CDLL(None, use_errno=True).prctl(1, signum)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         pass
 
 
 def main(fd: int) -> None:
-    _die_with_parent()
+    die_with_parent()
     conn = Connection(fd)
     setup: TrainerSetup = conn.recv()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,

@@ -1,0 +1,229 @@
+"""What happens if ...: one test per fault, each against real processes (the `galapagos` command, its mpiexec and
+ranks, real signals, real files). The table, fault -> expected outcome:
+
+| fault                                             | expected                                                        |
+|---------------------------------------------------|-----------------------------------------------------------------|
+| Ctrl-C (SIGINT) to the command                    | clean stop: summary.json, one line with the resume command, 130 |
+| SIGTERM to the command                            | clean stop, summary.json, exit 0, no rank left                  |
+| SIGKILL to the command                            | its mpiexec and every rank end too (nothing trains on)          |
+| rank 0 fails unexpectedly (--out on a full disk)  | one line naming the error, every rank ends, no hang             |
+| --out is read-only                                | one line, exit 2, no rank left waiting                          |
+| --workers 0                                       | one line, exit 2                                                |
+| no mpiexec                                        | one line naming it, exit 2                                      |
+| data import onto an existing file                 | refused (exit 2) unless --force                                 |
+| a .npz that is not a zip archive                  | one line, exit 2                                                |
+| predict --save into a missing directory           | one line, exit 2, before anything runs                          |
+| a corrupt model.pt                                | one line, exit 2, no advice to unpickle it                      |
+| a malformed metrics.json                          | one line, exit 2                                                |
+| /dev/shm too small                                | the sizes in units that show them                               |
+| ensemble --resume with the plan's own --members   | accepted                                                        |
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from examples import shapes
+from tests.mpirun import REPO
+from tests.test_evolve_run import SMALL, galapagos
+
+pytestmark = pytest.mark.mpi
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("faults") / "shapes.h5"
+    shapes.generate(path, samples=600, size=12, seed=1)
+    return path
+
+
+@pytest.fixture(scope="module")
+def run(data, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("faults") / "run"
+    proc = galapagos("evolve", "--data", data, "--out", out, "--evaluations", 3, "--workers", 1, *SMALL)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def start(*args) -> subprocess.Popen:
+    """`galapagos ...` as a user starts it: one process, which starts its own MPI job."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_", "SLURM_"))}
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.Popen([sys.executable, "-m", "galapagos.cli", *map(str, args)], cwd=REPO, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def ranks_of(out: Path) -> list[int]:
+    """Pids of the processes of a job writing to `out` (its mpiexec, ranks and trainers carry `out` in argv)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if str(out).encode() in (proc / "cmdline").read_bytes():
+                    pids.append(int(proc.name))
+            except OSError:
+                pass
+    return [p for p in pids if p != os.getpid()]
+
+
+def wait_until(check, timeout: float, what: str):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if found := check():
+            return found
+        time.sleep(0.2)
+    pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def running_job(data: Path, out: Path, *extra) -> subprocess.Popen:
+    """A long evolution that has begun training (its journal has a line)."""
+    job = start("evolve", "--data", data, "--out", out, "--evaluations", 500, "--workers", 2, *SMALL, *extra)
+    wait_until(lambda: (out / "results.jsonl").exists() and (out / "results.jsonl").stat().st_size > 0
+               or job.poll() is not None, 120, "the first evaluation")
+    assert job.poll() is None, job.communicate()
+    return job
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 0)])
+def test_stop_signal_to_the_command_stops_cleanly(data, tmp_path, signum, code):
+    out = tmp_path / "run"
+    job = running_job(data, out)
+    job.send_signal(signum)
+    stdout, stderr = job.communicate(timeout=90)
+    assert job.returncode == code, stderr
+    assert "Traceback" not in stderr
+    assert (out / "summary.json").exists()
+    name = signal.Signals(signum).name
+    assert f"stopped by {name} before the budget was spent; continue with: galapagos evolve --resume --out" in stdout
+    assert not ranks_of(out)
+
+
+def test_killed_command_takes_its_job_with_it(data, tmp_path):
+    out = tmp_path / "run"
+    job = running_job(data, out)
+    assert ranks_of(out)
+    job.kill()
+    job.wait()
+    wait_until(lambda: not ranks_of(out), 60, "every rank to end after its command was killed")
+
+
+@pytest.fixture
+def mount(tmp_path):
+    """mount(*options) -> a fresh directory mounted as asked (root only; skipped, saying why, elsewhere)."""
+    mounted = []
+
+    def make(kind: str) -> Path:
+        where = tmp_path / f"mnt{len(mounted)}"
+        where.mkdir()
+        cmds = {"full": [["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(where)]],
+                "read-only": [["mount", "--bind", str(tmp_path), str(where)],
+                              ["mount", "-o", "remount,bind,ro", str(where)]]}[kind]
+        for cmd in cmds:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                if mounted or cmd is not cmds[0]:
+                    subprocess.run(["umount", str(where)])
+                pytest.skip(f"cannot make a {kind} file system here ({' '.join(cmd[:3])}: {proc.stderr.strip()})")
+        mounted.append(where)
+        return where
+
+    yield make
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)])
+
+
+def test_rank0_failure_ends_the_job_with_one_line(data, mount):
+    out = mount("full") / "run"  # 300 KiB: the second network's weights do not fit
+    proc = galapagos("evolve", "--data", data, "--out", out, "--evaluations", 40, "--workers", 2, *SMALL,
+                     "--set", "space.channels=[32, 64]", "--set", "run.keep_models=20", timeout=240)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if "error" in line]
+    assert any("error on rank 0: OSError: [Errno 28] No space left on device" in line for line in lines), proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not ranks_of(out)
+
+
+def test_read_only_out_is_one_line(data, mount):
+    out = mount("read-only") / "run"
+    proc = galapagos("evolve", "--data", data, "--out", out, "--evaluations", 2, "--workers", 1, timeout=120)
+    assert proc.returncode == 2 and "Read-only file system" in proc.stderr and "Traceback" not in proc.stderr
+    assert not ranks_of(out)
+
+
+def test_workers_zero_is_refused(data, tmp_path):
+    proc = galapagos("evolve", "--data", data, "--out", tmp_path / "run", "--evaluations", 2, "--workers", 0)
+    assert proc.returncode == 2 and "--workers 0: need at least one worker" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_missing_mpiexec_is_one_line(data, tmp_path):
+    proc = galapagos("evolve", "--data", data, "--out", tmp_path / "run", "--evaluations", 2, "--workers", 1,
+                     env={"GALAPAGOS_MPIEXEC": str(tmp_path / "no-mpiexec")})
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"cannot start {tmp_path / 'no-mpiexec'}: No such file or directory" in proc.stderr
+
+
+def test_data_import_keeps_an_existing_file_unless_forced(data, tmp_path):
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "d.npz", x_train=rng.normal(size=(20, 4)).astype(np.float32), y_train=np.arange(20) % 2)
+    target = tmp_path / "d.h5"
+    target.write_bytes(b"precious")
+    proc = galapagos("data", "import", tmp_path / "d.npz", target)
+    assert proc.returncode == 2 and "already exists" in proc.stderr and target.read_bytes() == b"precious"
+    proc = galapagos("data", "import", tmp_path / "d.npz", target, "--force")
+    assert proc.returncode == 0, proc.stderr
+    assert galapagos("data", "check", target).returncode == 0
+
+
+def test_npz_that_is_not_a_zip(tmp_path):
+    (tmp_path / "d.npz").write_text("not an archive")
+    proc = galapagos("data", "import", tmp_path / "d.npz", tmp_path / "d.h5")
+    assert proc.returncode == 2 and "not a .npz archive" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_predict_save_into_a_missing_directory(run, data, tmp_path):
+    proc = galapagos("predict", "--model", run, "--data", data, "--save", tmp_path / "no" / "p.h5")
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert f"directory {tmp_path / 'no'} does not exist" in proc.stderr
+
+
+@pytest.mark.parametrize("broken, words", [
+    ("model.pt", "model.pt is unreadable: not a state_dict saved by torch.save"),
+    ("metrics.json", "unreadable metrics.json"),
+])
+def test_broken_network_files(run, data, tmp_path, broken, words):
+    import shutil
+
+    copy = tmp_path / "best"
+    shutil.copytree(run / "best", copy)
+    (copy / broken).write_bytes(b"\x80garbage")
+    proc = galapagos("predict", "--model", copy, "--data", data)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert words in proc.stderr and "weights_only" not in proc.stderr
+    assert proc.stderr.count("\n") == 1, proc.stderr
+
+
+def test_shared_memory_sizes_are_shown_in_units_that_show_them():
+    from datashare.shm import _gib
+
+    assert _gib(3 << 30) == "3.00 GiB" and _gib(2 << 20) == "2.00 MiB" and _gib(1536) == "1.50 KiB"
+    assert _gib(10) == "10 bytes"
+
+
+def test_ensemble_resume_accepts_the_plans_own_members(run, data, tmp_path):
+    from galapagos.ensembling import prepare
+
+    out = tmp_path / "ens"
+    proc = galapagos("ensemble", "--from", run, "--data", data, "--out", out, "--members", 2, "--workers", 1,
+                     "--set", "ensemble.epochs=1")
+    assert proc.returncode == 0, proc.stderr
+    assert prepare(run, data, out, overrides={"ensemble.members": 2}, resume=True).specs
+    with pytest.raises(ValueError, match="cannot change it"):
+        prepare(run, data, out, overrides={"ensemble.members": 3}, resume=True)
