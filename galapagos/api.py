@@ -4,7 +4,8 @@ Started in a plain process (a script, a notebook), `evolve`, `ensemble` and `des
 their MPI job under `mpiexec` and return rank 0's result. Called under a launcher (every rank of `srun python
 my_script.py` calls the same function), they run this rank's part: rank 0 gets the result, the other ranks None.
 Bad input raises :class:`galapagos.errors.UsageError` (or a subclass of ValueError naming the key, file or
-dataset) before anything is written.
+dataset) before anything is written; a run that ends with no successful evaluation raises
+:class:`galapagos.errors.NoResult` (its summary attached) once summary.json is written.
 """
 from __future__ import annotations
 

@@ -8,7 +8,8 @@ import signal
 import sys
 
 from galapagos import api
-from galapagos.errors import EXIT_USAGE
+from galapagos.errors import EXIT_NO_RESULT, EXIT_USAGE, NoResult
+from launch.protocol import EXIT_LOST
 from galapagos.mpijob import JobFailed, WorkerExit, setup_logging
 from galapagos.options import EnsembleOptions, EvolveOptions, PredictOptions
 from galapagos.parser import build_parser
@@ -27,14 +28,21 @@ def cmd_evolve(args) -> int:
 
 
 def stop_code(result: dict | None) -> int:
-    """0, or 130 when Ctrl-C stopped the job (cleanly: what was done is kept)."""
+    """0; EXIT_LOST when worker ranks stopped answering (what they held is recorded as lost); 130 when Ctrl-C
+    stopped the job (cleanly: what was done is kept)."""
+    lost = (result or {}).get("lost_ranks") or (result or {}).get("evolution", {}).get("lost_ranks")
+    if lost:
+        print(f"worker rank(s) {', '.join(map(str, lost))} stopped answering; their tasks are recorded as lost and "
+              "the job was ended", file=sys.stderr)
+        return EXIT_LOST
     return 128 + signal.SIGINT if result and result.get("stopped_by") == "SIGINT" else 0
 
 
 def show_evolution(summary: dict, data: str) -> None:
-    show(format_summary(summary), f"run directory: {summary['run']} (best network in {summary['best_dir']})")
+    best = f"best network in {summary['best_dir']}" if summary.get("best_dir") else "no best network yet"
+    show(format_summary(summary), f"run directory: {summary['run']} ({best})")
     if summary.get("stopped_by") and not summary["finished"]:
-        show(f"stopped by {summary['stopped_by']} before the budget was spent; continue with: "
+        show(f"stopped by {summary['stopped_by']} before the budget was spent: continue with --resume: "
              f"galapagos evolve --resume --out {shlex.quote(summary['run'])} --data {shlex.quote(data)}")
 
 
@@ -133,6 +141,10 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     except JobFailed as exc:  # the job's ranks have already said why
         return exc.code
+    except NoResult as exc:  # the run is over and nothing succeeded: its summary, one line, its own exit code
+        show(format_summary(exc.summary))
+        print(f"galapagos {args.command}: {exc}", file=sys.stderr)
+        return EXIT_NO_RESULT
     except api.USER_ERRORS as exc:
         from launch.mpi import under_launcher, world
 

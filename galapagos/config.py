@@ -46,6 +46,7 @@ class RunConfig(Table):
     chunk_mib: int = 64  # bytes per piece of the dataset sent between nodes
     readers: int = 1  # node leaders that read the dataset file, each a disjoint part; 0 = every node's leader
     prefetch: int = -1  # tasks queued on a worker beyond the one it runs; -1 = one while tasks are short
+    lost_grace: float = 360.0  # seconds past task_timeout after which a silent worker rank is given up as lost
 
     def checks(self) -> list[Check]:
         return [("evaluations", self.evaluations >= 0, "at least 0 (0 = no limit by count)"),
@@ -58,6 +59,7 @@ class RunConfig(Table):
                 ("chunk_mib", 1 <= self.chunk_mib <= 2047, "an integer in [1, 2047]"),
                 ("readers", self.readers >= 0, "at least 0 (0 = every node's leader)"),
                 ("prefetch", self.prefetch >= -1, "at least -1 (-1 = one while tasks are short)"),
+                ("lost_grace", self.lost_grace > 0, "more than 0 seconds"),
                 ("task", ":" in self.task, "module:function")]
 
 

@@ -7,6 +7,7 @@ from typing import Any
 
 from evolve.files import write_json
 from galapagos import ensembling, evolution
+from galapagos.errors import NoResult
 from galapagos.mpijob import Flow, starting
 from galapagos.options import EvolveOptions
 from galapagos.reports import design_report
@@ -17,7 +18,11 @@ from launch.session import master_start
 
 def master(comm: Any, opts: EvolveOptions) -> dict:
     """Rank 0: {"evolution": summary, "ensemble": metrics, "report": report}, less what a stop signal cut off."""
-    summary = evolution.master(comm, opts)
+    try:
+        summary = evolution.master(comm, opts)
+    except NoResult:
+        master_start(comm, SetupFailed("no evaluation succeeded"))  # the workers wait for a second phase
+        raise
     out = Path(opts.out)
     if stopped := stop_signal():
         master_start(comm, SetupFailed(f"stopped by {stopped}"))  # the workers wait for a second phase

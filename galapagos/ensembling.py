@@ -1,4 +1,5 @@
-"""The ensemble build: its inputs checked before any rank starts, and rank 0's part: one member per task on the workers, then selection, manifest, metrics.
+"""The ensemble build: its inputs checked before any rank starts, and rank 0's part: one member per task on the
+workers, then selection, manifest, metrics.
 
 Members train through the same runtime as the evolution run (supervised trainer children, time limits, crash
 handling); a member that fails is recorded in DIR/results.jsonl with its status and left out, and the ensemble is
@@ -29,7 +30,7 @@ from evolve.netdir import ModelError, NetworkDir
 from evolve.problem import Problem
 from evolve.train import TrainTask
 from galapagos.config import Config, ensemble_overrides, load_config
-from galapagos.mpijob import Flow, setup_logging, starting
+from galapagos.mpijob import Flow, end_when_done, setup_logging, starting
 from galapagos.options import EnsembleOptions
 from galapagos.progress import ProgressView, Snapshot
 from galapagos.sources import JournalSource
@@ -188,14 +189,16 @@ def master_build(comm: Any, job: EnsembleJob) -> dict | None:
     log.info("training %d of %d ensemble member(s) (%d epochs each, limit %.0f s) on %d worker(s)",
              len(source.pending), len(job.specs), source.train.epochs, source.timeout, comm.size - 1)
     try:
-        master_serve(comm, source, stop=stop_signal)
+        state = master_serve(comm, source, stop=stop_signal, lost_grace=job.config.run.lost_grace)
     finally:
         view.clear()
         if shared is not None:
             shared.close()
+    end_when_done(comm, state)
     if source.cancelled or not source.finished():
         return None
-    return finish(job, source.records)
+    metrics = finish(job, source.records)
+    return {**metrics, "lost_ranks": sorted(state.lost)} if state.lost else metrics
 
 
 def latest(records: list[dict]) -> dict[str, dict]:

@@ -3,8 +3,28 @@ from __future__ import annotations
 
 from launch.protocol import EXIT_BAD_INPUT as EXIT_USAGE  # the exit code of a command and its ranks on bad input
 
-__all__ = ["EXIT_USAGE", "UsageError"]
+__all__ = ["EXIT_NO_RESULT", "EXIT_USAGE", "NoResult", "UsageError"]
 
 
 class UsageError(ValueError):
     """A bad argument, config or file: one clear line, exit code 2, nothing written."""
+
+
+EXIT_NO_RESULT = 4  # the exit code of `galapagos evolve` (and `design`) when NoResult ends the run
+
+
+class NoResult(Exception):
+    """The run is over and no evaluation succeeded (every candidate failed, was rejected, or none finished): there
+    is no best network. `master` raises it after writing summary.json; `summary` is what it would have returned
+    (with "best_dir": None). The command prints the one line str() gives and exits with EXIT_NO_RESULT."""
+
+    def __init__(self, summary: dict):
+        super().__init__(summary)
+        self.summary = summary
+
+    def __str__(self) -> str:
+        s = self.summary
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(s["by_status"].items())) or "none finished"
+        why = f"; {s['ended_early']}" if s.get("ended_early") else ""
+        return (f"no evaluation of {s['run']} succeeded ({s['evaluations']} evaluation(s): {counts}{why}), so there "
+                "is no best network; see its journal and log/")

@@ -1,5 +1,8 @@
 """The evolution run: its inputs checked before any rank starts, and rank 0's part: the engine behind ask/tell,
-the journal, pruning, best/ and the summary."""
+the journal, pruning, best/ and the summary.
+
+A run may span several jobs (`--resume`): each checks that its data is the run's own (data.json), holds the run
+directory's lock while it runs, and takes its time budget from what the earlier jobs left (clock.json)."""
 from __future__ import annotations
 
 import bisect
@@ -21,13 +24,13 @@ from evolve.genome import Genome
 from evolve.problem import Problem
 from evolve.train import TrainTask
 from galapagos.config import Config, evolve_config
-from galapagos.errors import UsageError
-from galapagos.mpijob import Flow, setup_logging, starting
+from galapagos.errors import NoResult, UsageError
+from galapagos.mpijob import Flow, end_when_done, setup_logging, starting
 from galapagos.options import EvolveOptions
 from galapagos.progress import ProgressView, Snapshot
 from galapagos.sources import JournalSource
 from galapagos.reports import summarize
-from galapagos.rundir import RunDir
+from galapagos.rundir import RunDir, data_fingerprint
 from launch.protocol import Result, Setup, Status, Task
 from launch.runtime import master_serve, stop_signal
 from launch.session import master_start
@@ -39,8 +42,10 @@ class EvolutionSource(JournalSource):
     """Asks the engine for a child whenever a worker is free, and records every result the moment it arrives."""
 
     def __init__(self, engine: Engine, config: Config, run: RunDir, problem: Problem, *,
-                 deadline: float | None = None, view: ProgressView | None = None, records: list[dict] = ()):
+                 deadline: float | None = None, view: ProgressView | None = None, records: list[dict] = (),
+                 spent: float = 0.0):
         super().__init__(run, records, view=view, deadline=deadline)
+        self.spent = spent  # search seconds of the run's earlier jobs
         self.engine, self.config, self.run, self.problem = engine, config, run, problem
         self.inflight: dict[int, dict] = {}  # id -> what the record needs besides the result
         self.by_epoch: dict[int, list[float]] = defaultdict(list)  # epoch -> fitness of finished candidates
@@ -50,7 +55,7 @@ class EvolutionSource(JournalSource):
         for r in self.records:
             self._learn(r)
         self.run.prune_models([i for _, i in self.top])  # weights of tasks that were running when a run was killed
-        self.exhausted = False  # the space has no new genome left
+        self.exhausted: str | None = None  # why the space has no new genome left
 
     # -- budget ----------------------------------------------------------------------------------------------
     @property
@@ -63,7 +68,7 @@ class EvolutionSource(JournalSource):
         try:
             cand = self.engine.ask()
         except SearchExhausted as exc:
-            self.exhausted = True
+            self.exhausted = str(exc)
             self.view.message(f"ending the run early: {exc}")
             return None
         self.inflight[cand.id] = {"parents": list(cand.parents), "origin": cand.origin,
@@ -75,10 +80,15 @@ class EvolutionSource(JournalSource):
         return Task(cand.id, payload, self.config.run.task_timeout)
 
     def finished(self) -> bool:
-        return self.exhausted or (self.budget is not None and len(self.records) >= self.budget)
+        return bool(self.exhausted) or (self.budget is not None and len(self.records) >= self.budget)
+
+    def search_seconds(self) -> float:
+        """The run's search time over all its jobs so far (what its time budget counts)."""
+        return self.spent + time.time() - self.started
 
     # -- results ---------------------------------------------------------------------------------------------
     def on_result(self, r: Result) -> None:
+        self.run.record_seconds(self.search_seconds())
         record = self.journal_result(r, self.inflight.pop(r.id))
         if record is None:  # cancelled: a resumed run breeds afresh
             self.run.model_path(r.id).unlink(missing_ok=True)
@@ -122,21 +132,38 @@ class EvolutionSource(JournalSource):
                               failures=self.failures)
 
 
-def check(opts: EvolveOptions) -> tuple[Config, DatasetInfo]:
-    """Everything that can be checked before any rank starts: config, data file, run directory."""
+def check(opts: EvolveOptions) -> tuple[Config, DatasetInfo, dict]:
+    """Everything that can be checked before any rank starts: config, data file, run directory (no live run holds
+    it; on --resume, its run was evolved on this same data). Returns the config, the data's info and fingerprint."""
     config = evolve_config(opts)
     info = inspect(opts.data)
-    RunDir.check(opts.out, resume=opts.resume)
-    return config, info
+    run = RunDir.check(opts.out, resume=opts.resume)
+    data = run.check_data(info, opts.data) if opts.resume else data_fingerprint(info, opts.data)
+    return config, info, data
 
 
 def master(comm: Any, opts: EvolveOptions) -> dict:
-    """Rank 0 of an evolution run: returns the summary (also written to summary.json)."""
+    """Rank 0 of an evolution run: returns the summary (also written to summary.json). Holds the run directory's
+    lock until it returns. Raises NoResult, after writing summary.json, when the run is over and nothing
+    succeeded."""
     with starting(comm):
-        config, info = check(opts)
+        config, info, data = check(opts)
         run = RunDir.open(opts.out, resume=opts.resume)
+        lock = run.lock()
+    try:
+        return evolve(comm, opts, config, info, data, run)
+    finally:
+        lock.release()
+
+
+def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, data: dict, run: RunDir
+           ) -> dict:
+    """The run itself, on rank 0 of a job that holds the run directory."""
+    with starting(comm):
         setup_logging(0, run.logs / "master.log")
+        run.record_data(data, resume=opts.resume)
         records = run.read_journal() if opts.resume else []
+        spent = run.spent_seconds() if opts.resume else 0.0
         run.config.write_text(config.dumps())
         problem = Problem.of_dataset(info)
         try:  # warms torch up before the clock of the run starts
@@ -150,11 +177,17 @@ def master(comm: Any, opts: EvolveOptions) -> dict:
                                           seed=config.run.seed, chunk_bytes=config.run.chunk_mib << 20,
                                           readers=config.run.readers or "node")
     start = time.time()
-    deadline = start + 60 * config.run.budget_minutes if config.run.budget_minutes else None
+    # The time budget counts the search time of every job of the run, not only this one's.
+    deadline = start + 60 * config.run.budget_minutes - spent if config.run.budget_minutes else None
     view = ProgressView()
-    source = EvolutionSource(engine, config, run, problem, deadline=deadline, view=view, records=records)
+    source = EvolutionSource(engine, config, run, problem, deadline=deadline, view=view, records=records,
+                             spent=spent)
     if records:
-        log.info("resuming %s: %d evaluation(s) already done", run.path, len(records))
+        log.info("resuming %s: %d evaluation(s) already done in %.0f s of search", run.path, len(records), spent)
+    if deadline is not None and deadline <= start:
+        log.info("the time budget of %g minute(s) was spent by the run's earlier jobs (%.0f s of search): ending at "
+                 "once; give it more with --set run.budget_minutes=M", config.run.budget_minutes, spent)
+        plan, memory = {}, None  # nothing will train: no data to share
     log.info("evolving networks (%s) for %s (%s, samples %s) on %d worker(s); budget: %s", config.evolution.strategy,
              opts.data, info.task, tuple(info.sample_shape), comm.size - 1,
              " and ".join(filter(None, [config.run.evaluations and f"{config.run.evaluations} evaluations",
@@ -166,20 +199,31 @@ def master(comm: Any, opts: EvolveOptions) -> dict:
     cpu = time.process_time()
     serve_start = time.time()
     try:
-        state = master_serve(comm, source, deadline=deadline, stop=stop_signal,
+        state = master_serve(comm, source, deadline=deadline, stop=stop_signal, lost_grace=config.run.lost_grace,
                              prefetch=None if config.run.prefetch < 0 else config.run.prefetch)
     finally:
         view.clear()
         shared.close()
-    wall = time.time() - start
+    wall, searched = time.time() - start, source.search_seconds()
+    run.record_seconds(searched)
     summary = summarize(source.records, population_size=config.evolution.population_size, workers=comm.size - 1,
                         wall_seconds=wall, busy_seconds=state.busy_seconds)
     # The master's own CPU use while it served: it should leave the cores to training.
     summary["master_cpu_share"] = round((time.process_time() - cpu) / max(time.time() - serve_start, 1e-9), 4)
+    summary["search_seconds"] = round(searched, 2)
     if stopped := stop_signal():
         summary["stopped_by"] = stopped
+    if state.lost:
+        summary["lost_ranks"] = sorted(state.lost)
+        end_when_done(comm, state)
+    if source.exhausted:
+        summary["ended_early"] = source.exhausted
     write_json(run.summary, summary)
-    return {**summary, "run": str(run.path), "best_dir": str(run.best), "finished": source.finished()}
+    result = {**summary, "run": str(run.path), "best_dir": str(run.best) if source.best else None,
+              "finished": source.finished() or (deadline is not None and time.time() >= deadline)}
+    if source.best is None and not stopped:
+        raise NoResult(result)
+    return result
 
 
 FLOW = Flow("evolve", check, master)

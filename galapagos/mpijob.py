@@ -7,6 +7,7 @@ that job writes its result (or its one-line error) to a file that this process r
 """
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import os
@@ -22,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from galapagos.errors import UsageError
+from galapagos.errors import NoResult, UsageError
+from launch.protocol import EXIT_LOST
 
 log = logging.getLogger("galapagos")
 
@@ -107,8 +109,8 @@ def run_rank(flow: Flow, opts: Any) -> dict | None:
             log.warning("--workers %d ignored: this job has %d worker rank(s)", workers, comm.size - 1)
         try:
             return flow.master(comm, opts)
-        except user_errors():
-            raise  # bad input: the workers were told before they started, or stopped
+        except (*user_errors(), NoResult):
+            raise  # bad input, or a run with nothing to show: the workers were told, or stopped
         except (Exception, KeyboardInterrupt) as exc:
             abort(comm, flow.name, exc, getattr(opts, "out", None))
     setup_logging(comm.rank)
@@ -142,7 +144,9 @@ def start_ranks(name: str, opts: Any, workers: int) -> dict | None:
         outcome = json.loads(result.read_text()) if result.exists() else {}
     if "error" in outcome:
         raise UsageError(outcome["error"])
-    if code != 0 or "result" not in outcome:
+    if "no_result" in outcome:
+        raise NoResult(outcome["no_result"])
+    if code not in (0, EXIT_LOST) or "result" not in outcome:
         raise JobFailed(name, 128 + signal.SIGINT if signalled == "SIGINT" else code or 1)
     found = outcome["result"]
     for part in (found, (found or {}).get("evolution")):  # the ranks saw SIGUSR1; say what the user sent
@@ -219,6 +223,15 @@ def starting(comm: Any):
     except (*user_errors(), ValueError, OSError) as exc:
         master_start(comm, SetupFailed(str(exc)))
         raise UsageError(str(exc)) from None
+
+
+def end_when_done(comm: Any, state: Any) -> None:
+    """Worker ranks stopped answering (state.lost): once this process has written and printed everything, the job
+    is aborted with EXIT_LOST (launch.session.abort_if_lost), since a stopped rank would never let it end."""
+    from launch.session import abort_if_lost
+
+    if state.lost:
+        atexit.register(abort_if_lost, comm, state)  # runs before mpi4py's own MPI_Finalize (registered earlier)
 
 
 def abort(comm: Any, name: str, exc: BaseException, out: str | None) -> None:

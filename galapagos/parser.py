@@ -36,8 +36,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr.add_argument("--batch", type=int, default=1024, help="samples per forward pass (and per broadcast)")
     pr.add_argument("--ranks", type=int, help="ensemble: MPI ranks to start when run without MPI (default: one per "
                     "member, at most one per GPU or core; 1 = in this process)")
-    pr.add_argument("--no-member-outputs", dest="member_outputs", action="store_false", help="ensemble: reduce only the ensemble's moments, "
-                    "not each member's outputs (no per-member metrics or predictions; for very large ensembles)")
+    pr.add_argument("--no-member-outputs", dest="member_outputs", action="store_false",
+                    help="ensemble: reduce only the ensemble's moments, not each member's outputs (no per-member "
+                    "metrics or predictions; for very large ensembles)")
 
     en = sub.add_parser("ensemble", help="train an ensemble from an evolution run's best networks, one member per "
                         "worker, and select its members on val")

@@ -9,7 +9,7 @@ import json
 import sys
 from pathlib import Path
 
-from galapagos.errors import EXIT_USAGE
+from galapagos.errors import EXIT_USAGE, NoResult
 
 
 def main(argv: list[str]) -> int:
@@ -24,6 +24,9 @@ def main(argv: list[str]) -> int:
         result = api.run(name, json.loads(options))
     except WorkerExit as exc:
         return exc.code
+    except NoResult as exc:  # rank 0: the run is over and nothing succeeded; the command says so
+        result_path.write_text(json.dumps({"no_result": exc.summary}))
+        return 0
     except api.USER_ERRORS as exc:
         if world().rank == 0:
             result_path.write_text(json.dumps({"error": str(exc)}))

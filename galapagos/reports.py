@@ -19,7 +19,8 @@ def summarize(records: list[dict], *, population_size: int, workers: int | None 
     initial = [r for r in scored if r["id"] < population_size]
     out = {"evaluations": len(records), "by_status": dict(Counter(r["status"] for r in records)),
            "best": None, "initial_population_best": max((r["fitness"] for r in initial), default=None),
-           "initial_population_median": statistics.median([r["fitness"] for r in initial]) if initial else None}
+           "initial_population_median": statistics.median([r["fitness"] for r in initial]) if initial else None,
+           "succeeded": len(scored)}
     if best:
         out["best"] = {"id": best["id"], "fitness": best["fitness"], "params": best["params"],
                        "genome": Genome.from_json(best["genome"]).describe(), "metrics": best["metrics"]}
@@ -33,6 +34,8 @@ def summarize(records: list[dict], *, population_size: int, workers: int | None 
 def format_summary(s: dict) -> str:
     lines = [f"evaluations: {s['evaluations']} (" + ", ".join(f"{k} {v}" for k, v in sorted(s["by_status"].items()))
              + ")"]
+    if s.get("succeeded") == 0:
+        lines.append("no evaluation succeeded: there is no best network")
     if s.get("best"):
         b = s["best"]
         lines.append(f"best fitness: {b['fitness']:.4f} (evaluation {b['id']}, {b['params']:,} parameters)")
@@ -113,7 +116,8 @@ def run_report(path: str | Path, top: int = 5) -> dict:
     summary = summarize(records, population_size=config.evolution.population_size)
     if run.summary.exists():
         saved = json.loads(run.summary.read_text())
-        summary.update({k: v for k, v in saved.items() if k in ("workers", "wall_seconds", "worker_utilization")})
+        summary.update({k: v for k, v in saved.items() if k in ("workers", "wall_seconds", "worker_utilization",
+                                                                    "search_seconds")})
     best = sorted((r for r in records if r["fitness"] is not None), key=lambda r: -r["fitness"])[:top]
     summary["top"] = [{"id": r["id"], "fitness": r["fitness"], "status": r["status"],
                        "genome": Genome.from_json(r["genome"]).describe()} for r in best]

@@ -4,7 +4,7 @@ Two wires, one vocabulary:
 
 - MPI, master <-> worker ranks, on :data:`TAG`: the master sends :class:`Setup` (or :class:`SetupFailed`) once,
   then :class:`Task`, :class:`Cancel` and :class:`Stop`; a worker sends :class:`Ready` once, then
-  :class:`Progress` and :class:`Result`.
+  :class:`Progress` and :class:`Result`, and :class:`Stopped` last, in answer to Stop.
 - The pipe between a worker rank's supervisor and its trainer child: the supervisor sends :class:`TrainerSetup`
   once, then :class:`Task`, :class:`Cancel` and :class:`Stop`; the child answers :class:`TrainerReady` (or
   :class:`TrainerFailed`) once, then :class:`Progress` and :class:`Outcome`, which the supervisor turns into a
@@ -20,6 +20,9 @@ from typing import Any
 
 TAG = 17  # the runtime's MPI tag (the datashare layer has its own for the data it sends)
 EXIT_BAD_INPUT = 2  # every rank's exit code, and the command's, when the job cannot start on bad input
+# The job's exit code when worker ranks stopped answering: rank 0 writes everything, then MPI_Abort(EXIT_LOST) ends
+# every rank (a stopped one would never exit); MPICH's mpiexec exits with this code.
+EXIT_LOST = 3
 
 
 class Status(str, Enum):
@@ -33,6 +36,7 @@ class Status(str, Enum):
     CRASHED = "crashed"  # the trainer child died (segfault, abort, killed)
     TIMEOUT = "timeout"  # past its time limit
     CANCELLED = "cancelled"  # the run is ending; not an evaluation
+    LOST = "lost"  # the worker rank stopped answering; its tasks are given up
 
     def __str__(self) -> str:  # "ok" in f-strings and logs, as in the journal
         return self.value
@@ -86,6 +90,15 @@ class Progress:
     id: int
     rank: int
     metrics: dict
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A worker's last message, in answer to Stop. The master reads up to it: with MPICH, messages left unread on
+    rank 0 can make its MPI_Finalize return early, without telling the launcher, which then kills the workers that
+    have not finished yet (a clean stop would end with exit code 9)."""
+
+    rank: int
 
 
 @dataclass(frozen=True)

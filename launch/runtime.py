@@ -5,6 +5,7 @@ and sleeps briefly (Backoff) only when nothing happened, so it takes no CPU from
 """
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -14,13 +15,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from launch.protocol import TAG, Cancel, Progress, Ready, Result, Status, Stop, Task
+from launch.protocol import TAG, Cancel, Progress, Ready, Result, Status, Stop, Stopped, Task
 from launch.mpi import Backoff
-from launch.supervisor import Supervisor
+from launch.supervisor import START_TIMEOUT, Supervisor
 
 log = logging.getLogger(__name__)
 
-STOP_GRACE = 30.0  # seconds the master waits for cancelled tasks to report before it stops the workers anyway
+# Seconds past a task's time limit after which the master gives up the worker rank running it as lost. The rank's
+# supervisor kills a task at its limit and reports within seconds, but it may first have had to restart its trainer
+# child (up to START_TIMEOUT); a rank silent beyond that has stopped (SIGSTOP, a hung node) and would stall the run.
+LOST_GRACE = START_TIMEOUT + 60.0
+# Seconds the master reads on after Stop for every worker's answer (see protocol.Stopped): they come at once, unless
+# a worker is busy starting a trainer child.
+STOPPED_WAIT = 10.0
 
 
 class TaskSource(Protocol):
@@ -52,6 +59,7 @@ class MasterState:
     busy_seconds: float = 0.0
     started: float = field(default_factory=time.time)
     stopping: bool = False
+    lost: set[int] = field(default_factory=set)  # worker ranks that stopped answering: given up, sent nothing more
 
     @property
     def busy(self) -> int:
@@ -71,6 +79,9 @@ def catch_stop_signals() -> None:
     """From now on SIGUSR1 and SIGTERM only record a request to stop (see stop_signal)."""
     for signum in STOP_SIGNALS:
         signal.signal(signum, lambda s, frame: _stop_signals.append(s))
+    # Python's exit puts its handlers back to the default (die) before MPI_Finalize, which waits for the workers:
+    # a SIGUSR1 passed on late would kill rank 0 there and fail a job that stopped cleanly. Nothing is left to stop.
+    atexit.register(signal.signal, signal.SIGUSR1, signal.SIG_IGN)
 
 
 def announce_ready(comm: Any) -> None:
@@ -89,77 +100,119 @@ def stop_signal() -> str | None:
 
 
 def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None, prefetch: int | None = None,
-                 tick: float = 1.0, stop: Callable[[], Any] | None = None) -> MasterState:
+                 tick: float = 1.0, stop: Callable[[], Any] | None = None,
+                 lost_grace: float | None = None) -> MasterState:
     """Run tasks from `source` on every other rank until it is finished or `deadline` (time.time()) passes.
 
     `stop` (e.g. stop_signal) is polled: once it returns something true the run ends as at the deadline: running
-    tasks are cancelled (not recorded as evaluations, so a resumed run breeds afresh) and the workers stopped.
+    tasks are cancelled (not recorded as evaluations, so a resumed run breeds afresh) and the workers stopped at
+    once, without waiting for the cancelled tasks to report: a scheduler kills the job soon after its warning.
 
     `prefetch` tasks are kept queued on each worker beyond the one it runs, to hide dispatch latency. None means
     automatic: one while tasks are short (under SHORT_TASK seconds on average), else none, so that long tasks are
     bred from the freshest results and no worker idles at the end while another still holds a queued task.
+
+    A worker rank silent for `lost_grace` (default LOST_GRACE) seconds past the time limit of the task it runs is
+    given up as lost (see MasterState.lost: the caller must end the job with launch.session.abort_if_lost).
+    Whatever ends the loop, an exception included, every worker not lost is sent Stop, so that no rank waits forever; then (but
+    for an exception) the master reads until each has answered (_read_until_stopped).
     """
     state = MasterState(workers=comm.size - 1)
+    grace = LOST_GRACE if lost_grace is None else lost_grace
     slots: dict[int, int] = {}  # worker rank -> tasks it holds
+    sent: dict[int, float] = {}  # task id -> when it was sent
+    heard: dict[int, float] = {}  # worker rank -> when it last reported a result (its queued task starts then)
     backoff = Backoff()
-    last_tick = 0.0
-    cancelled_at: float | None = None
+    last_tick = last_check = 0.0
     mean_seconds: float | None = None
 
     def send(obj: Any, dest: int) -> None:
         comm.send(obj, dest=dest, tag=TAG)
 
-    while True:
-        event = False
-        # 1. everything that has arrived
+    def give_up(task_id: int, status: Status, started: float, now: float, error: str | None = None) -> None:
+        """End a task on the master's word: the source hears of it as of any result (and journals it)."""
+        rank, _ = state.running.pop(task_id)
+        sent.pop(task_id, None)
+        source.on_result(Result(task_id, rank, state.hosts.get(rank, ""), status, None, started, now, error=error))
+
+    def give_up_silent_ranks(now: float) -> None:
+        """A rank whose running task (the first it holds: they run in order) is past its time limit plus the
+        grace has stopped answering (its supervisor would have reported the timeout): its tasks end as LOST."""
+        heads: dict[int, tuple[int, Task]] = {}
+        for task_id, (rank, task) in state.running.items():
+            heads.setdefault(rank, (task_id, task))
+        for rank, (task_id, task) in heads.items():
+            began = max(sent[task_id], heard.get(rank, 0.0))
+            if task.time_limit is None or now <= began + task.time_limit + grace:
+                continue
+            held = [i for i, (r, _) in state.running.items() if r == rank]
+            log.warning("worker rank %d on %s stopped answering (task %d is %.0f s past its time limit of %g s): "
+                        "giving up its %d task(s); it gets no more work", rank, state.hosts.get(rank, "?"), task_id,
+                        now - began - task.time_limit, task.time_limit, len(held))
+            state.lost.add(rank)
+            slots.pop(rank, None)
+            for i in held:
+                give_up(i, Status.LOST, sent[i], now, f"worker rank {rank} stopped answering")
+
+    try:
         while True:
-            msg = comm.improbe(tag=TAG)
-            if msg is None:
-                break
-            event = True
-            obj = msg.recv()
-            if isinstance(obj, Result):
-                entry = state.running.pop(obj.id, None)
-                if entry is None:
-                    continue
-                seconds = max(0.0, obj.ended - obj.started)
-                state.busy_seconds += seconds
-                mean_seconds = seconds if mean_seconds is None else 0.9 * mean_seconds + 0.1 * seconds
-                slots[obj.rank] -= 1
-                source.on_result(obj)
-            elif isinstance(obj, Progress):
-                if obj.id in state.running and not state.stopping:
-                    status = source.on_progress(obj)
-                    if status:
-                        send(Cancel(obj.id, status), obj.rank)
-            elif isinstance(obj, Ready):
-                state.hosts[obj.rank], state.devices[obj.rank] = obj.host, obj.device
-                slots[obj.rank] = 0
-        # 2. the end: deadline or budget
-        now = time.time()
-        why = None
-        if not state.stopping:
+            event = False
+            # 1. everything that has arrived
+            while True:
+                msg = comm.improbe(tag=TAG)
+                if msg is None:
+                    break
+                event = True
+                obj = msg.recv()
+                if isinstance(obj, Result):
+                    entry = state.running.pop(obj.id, None)
+                    if entry is None:  # a duplicate, or late from a lost rank: the task is already recorded
+                        continue
+                    sent.pop(obj.id, None)
+                    heard[obj.rank] = time.time()
+                    seconds = max(0.0, obj.ended - obj.started)
+                    state.busy_seconds += seconds
+                    mean_seconds = seconds if mean_seconds is None else 0.9 * mean_seconds + 0.1 * seconds
+                    slots[obj.rank] -= 1
+                    source.on_result(obj)
+                elif isinstance(obj, Progress):
+                    if obj.id in state.running:
+                        status = source.on_progress(obj)
+                        if status:
+                            send(Cancel(obj.id, status), obj.rank)
+                elif isinstance(obj, Ready):
+                    state.hosts[obj.rank], state.devices[obj.rank] = obj.host, obj.device
+                    slots[obj.rank], heard[obj.rank] = 0, time.time()
+            # 2. the end: deadline or stop request (cancelled tasks are given up at once), or no worker left
+            now = time.time()
+            why = None
             if deadline is not None and now >= deadline:
                 why = "time budget reached"
             elif stop is not None and (reason := stop()):
                 why = f"stop requested ({reason})"
-        if why:
-            state.stopping, cancelled_at = True, now
-            log.info("%s: cancelling %d running task(s)", why, len(state.running))
-            for task_id, (rank, _) in list(state.running.items()):
-                send(Cancel(task_id, Status.CANCELLED), rank)
-        if state.stopping and cancelled_at is not None and now - cancelled_at > STOP_GRACE:
-            log.warning("%d task(s) did not report after cancellation; stopping anyway", len(state.running))
-            break
-        # 3. keep every worker busy
-        if not state.stopping:
+            if why:
+                state.stopping = True
+                log.info("%s: cancelling %d running task(s) and stopping the workers", why, len(state.running))
+                for task_id, (rank, _) in list(state.running.items()):
+                    send(Cancel(task_id, Status.CANCELLED), rank)
+                for task_id in list(state.running):
+                    give_up(task_id, Status.CANCELLED, now, now)
+                break
+            if now - last_check >= tick:
+                last_check = now
+                give_up_silent_ranks(now)
+                if len(state.lost) == state.workers:
+                    log.error("every worker rank stopped answering (%s): ending the run",
+                              ", ".join(map(str, sorted(state.lost))))
+                    break
+            # 3. keep every worker busy
             depth = prefetch if prefetch is not None else int(mean_seconds is not None and mean_seconds < SHORT_TASK)
             for rank in sorted(slots, key=slots.get):
                 while slots[rank] <= depth:
                     task = source.next_task()
                     if task is None:
                         break
-                    state.running[task.id] = (rank, task)
+                    state.running[task.id], sent[task.id] = (rank, task), time.time()
                     slots[rank] += 1
                     send(task, rank)
                     event = True
@@ -168,19 +221,35 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                 break
             if source.finished() and not state.running:
                 break
-        elif not state.running:
-            break
-        if event or now - last_tick >= tick:
-            source.on_tick(state)
-            last_tick = now
-        if event:
-            backoff.reset()
-        else:
-            backoff.sleep()
-    for rank in range(1, comm.size):
-        send(Stop(), rank)
+            if event or now - last_tick >= tick:
+                source.on_tick(state)
+                last_tick = now
+            if event:
+                backoff.reset()
+            else:
+                backoff.sleep()
+    finally:
+        stopped = [rank for rank in range(1, comm.size) if rank not in state.lost]
+        for rank in stopped:
+            send(Stop(), rank)
+    _read_until_stopped(comm, stopped)
     source.on_tick(state)
     return state
+
+
+def _read_until_stopped(comm: Any, ranks: list[int]) -> None:
+    """Read (and drop: the run is over) whatever the workers sent until each has answered Stop, so that nothing
+    stays unread on rank 0 (see protocol.Stopped); MPI keeps each worker's messages in order."""
+    waiting, end, backoff = set(ranks), time.time() + STOPPED_WAIT, Backoff()
+    while waiting and time.time() < end:
+        msg = comm.improbe(tag=TAG)
+        if msg is None:
+            backoff.sleep()
+        elif isinstance(obj := msg.recv(), Stopped):
+            waiting.discard(obj.rank)
+    if waiting:
+        log.warning("worker rank(s) %s did not answer Stop within %g s", ", ".join(map(str, sorted(waiting))),
+                    STOPPED_WAIT)
 
 
 def worker_serve(comm: Any, supervisor: Supervisor, device: str) -> None:
@@ -196,6 +265,7 @@ def worker_serve(comm: Any, supervisor: Supervisor, device: str) -> None:
             if msg is not None:
                 obj = msg.recv()
                 if isinstance(obj, Stop):
+                    comm.send(Stopped(comm.rank), dest=0, tag=TAG)  # the last message it sends
                     break
                 if isinstance(obj, Task):
                     events += supervisor.submit(obj)

@@ -6,6 +6,7 @@ dataset do not spin on the CPU that rank 0 is reading with.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import socket
 import sys
@@ -19,8 +20,8 @@ from datashare.share import DataShareError, Shared, share
 from datashare.shm import remove_stale
 from launch.mpi import Backoff, node_comm
 from launch.placement import Placement, place
-from launch.protocol import EXIT_BAD_INPUT, TAG, Setup, SetupFailed
-from launch.runtime import TaskSource, master_serve, worker_serve
+from launch.protocol import EXIT_BAD_INPUT, EXIT_LOST, TAG, Setup, SetupFailed
+from launch.runtime import MasterState, TaskSource, master_serve, worker_serve
 from launch.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -65,6 +66,19 @@ def master_run(comm: Any, setup: Setup, source: TaskSource, data: Plan | dict[st
     finally:
         if shared is not None:
             shared.close()
+
+
+def abort_if_lost(comm: Any, state: MasterState) -> None:
+    """Rank 0's last step, once it has written everything: a job that lost worker ranks cannot end normally (a
+    stopped rank never exits, so mpiexec would wait forever), so it is aborted with EXIT_LOST, which kills every
+    rank of the job, stopped ones included. Without lost ranks this does nothing; with them it never returns."""
+    if state.lost:
+        log.error("ending the job with exit code %d: worker rank(s) %s stopped answering", EXIT_LOST,
+                  ", ".join(map(str, sorted(state.lost))))
+        sys.stdout.flush()
+        sys.stderr.flush()
+        comm.Abort(EXIT_LOST)
+        os._exit(EXIT_LOST)  # MPICH's MPI_Abort may return before the launcher kills the job: go on with nothing
 
 
 def worker_main(comm: Any) -> int:

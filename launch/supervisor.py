@@ -19,6 +19,10 @@ log = logging.getLogger(__name__)
 
 START_TIMEOUT = 300.0  # seconds for a child to import torch and map the data on a slow shared file system
 CANCEL_GRACE = 10.0  # seconds a cancelled task has to stop on its own before its child is killed
+STOP_WAIT = 5.0  # seconds an idle child has to exit when told to stop, before it is killed
+# The same for a child still in a task when the job ends: it reads the pipe only between epochs, and a scheduler
+# kills the job soon after its warning, so it is killed almost at once.
+BUSY_STOP_WAIT = 1.0
 _MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "MPIR_", "HYDRA_", "MPICH_")
 
 
@@ -163,10 +167,11 @@ class Supervisor:
         return Result(task.id, self.rank, self.host, status, fitness, started, ended, metrics, error)
 
     def stop(self) -> None:
+        """End the child: told to stop, then killed if it has not exited in time (sooner if it is in a task)."""
         if self.alive():
             try:
                 self.conn.send(Stop())
-                self.proc.wait(timeout=5)
+                self.proc.wait(timeout=STOP_WAIT if self.current is None else BUSY_STOP_WAIT)
             except (OSError, subprocess.TimeoutExpired):
                 pass
         self._kill()

@@ -33,7 +33,7 @@ def quick(payload, ctx):
     """A cheap stand-in for training: fitness from the genome, epochs reported, for runtime tests."""
     from evolve.genome import Genome
 
-    g = Genome.from_json(payload["genome"])
+    g = payload.genome if hasattr(payload, "genome") else Genome.from_json(payload["genome"])
     fitness = -abs(g.num_layers - 4) - abs(g.batch_size - 64) / 64
     for epoch in range(1, 4):
         ctx.report({"epoch": epoch, "fitness": fitness - (3 - epoch)})

@@ -6,6 +6,7 @@ ranks, real signals, real files). The table, fault -> expected outcome:
 | Ctrl-C (SIGINT) to the command                    | clean stop: summary.json, one line with the resume command, 130 |
 | SIGTERM to the command                            | clean stop, summary.json, exit 0, no rank left                  |
 | SIGKILL to the command                            | its mpiexec and every rank end too (nothing trains on)          |
+| a worker rank stops answering (SIGSTOP)           | its task recorded `lost`, the others go on, summary, exit 3     |
 | rank 0 fails unexpectedly (--out on a full disk)  | one line naming the error, every rank ends, no hang             |
 | --out is read-only                                | one line, exit 2, no rank left waiting                          |
 | --workers 0                                       | one line, exit 2                                                |
@@ -15,6 +16,7 @@ ranks, real signals, real files). The table, fault -> expected outcome:
 | predict --save into a missing directory           | one line, exit 2, before anything runs                          |
 | a corrupt model.pt                                | one line, exit 2, no advice to unpickle it                      |
 | a malformed metrics.json                          | one line, exit 2                                                |
+| no candidate succeeds (space.max_params = 10)     | the summary, one line, exit 4; no best/ promised                |
 | /dev/shm too small                                | the sizes in units that show them                               |
 | ensemble --resume with the plan's own --members   | accepted                                                        |
 """
@@ -101,7 +103,7 @@ def test_stop_signal_to_the_command_stops_cleanly(data, tmp_path, signum, code):
     assert "Traceback" not in stderr
     assert (out / "summary.json").exists()
     name = signal.Signals(signum).name
-    assert f"stopped by {name} before the budget was spent; continue with: galapagos evolve --resume --out" in stdout
+    assert f"stopped by {name} before the budget was spent: continue with --resume: galapagos evolve --resume --out" in stdout
     assert not ranks_of(out)
 
 
@@ -139,6 +141,37 @@ def mount(tmp_path):
         subprocess.run(["umount", "-l", str(where)])
 
 
+def worker_ranks(out: Path) -> list[int]:
+    """Pids of the worker ranks (PMI_RANK > 0) of the job writing to `out`."""
+    pids = []
+    for pid in ranks_of(out):
+        try:
+            env = dict(v.split(b"=", 1) for v in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in v)
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"galapagos.ranks" in cmd and env.get(b"PMI_RANK", b"0") != b"0":
+            pids.append(pid)
+    return pids
+
+
+def test_a_worker_rank_that_stops_answering_is_given_up(data, tmp_path):
+    out = tmp_path / "run"
+    job = running_job(data, out, "--set", "run.task_timeout=4.0", "--set", "run.lost_grace=6.0",
+                      "--set", "train.epochs=1")
+    stopped = worker_ranks(out)[0]
+    os.kill(stopped, signal.SIGSTOP)
+    stdout, stderr = job.communicate(timeout=240)  # 500 evaluations on the one worker left
+    assert job.returncode == 3, stderr
+    assert "stopped answering" in stderr and "Traceback" not in stderr
+    import json
+
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert 1 <= [r["status"] for r in records].count("lost") <= 2 and len(records) == 500  # running + queued
+    assert json.loads((out / "summary.json").read_text())["lost_ranks"]
+    wait_until(lambda: not ranks_of(out), 30, "every rank to end")
+
+
 def test_rank0_failure_ends_the_job_with_one_line(data, mount):
     out = mount("full") / "run"  # 300 KiB: the second network's weights do not fit
     proc = galapagos("evolve", "--data", data, "--out", out, "--evaluations", 40, "--workers", 2, *SMALL,
@@ -155,6 +188,16 @@ def test_read_only_out_is_one_line(data, mount):
     proc = galapagos("evolve", "--data", data, "--out", out, "--evaluations", 2, "--workers", 1, timeout=120)
     assert proc.returncode == 2 and "Read-only file system" in proc.stderr and "Traceback" not in proc.stderr
     assert not ranks_of(out)
+
+
+def test_run_where_nothing_succeeds_says_so(data, tmp_path):
+    out = tmp_path / "run"
+    proc = galapagos("evolve", "--data", data, "--out", out, "--evaluations", 3, "--workers", 1, *SMALL,
+                     "--set", "space.max_params=10", timeout=180)
+    assert proc.returncode == 4, proc.stderr
+    assert f"galapagos evolve: no evaluation of {out} succeeded" in proc.stderr and "Traceback" not in proc.stderr
+    assert "best network in" not in proc.stdout and (out / "summary.json").exists()
+    assert not (out / "best").exists()
 
 
 def test_workers_zero_is_refused(data, tmp_path):

@@ -339,7 +339,7 @@ def test_import_npz_errors(tmp_path: Path) -> None:
     assert "missing.npz: /: no such file" in data_error(import_npz, tmp_path / "missing.npz", out)
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not a zip")
-    assert "bad.npz: /: cannot read as .npz" in data_error(import_npz, bad, out)
+    assert "bad.npz: /: not a .npz archive" in data_error(import_npz, bad, out)
 
     cases = {
         "no_train.npz": ({"x_test": np.zeros((3, 2)), "y_test": np.zeros(3, int)}, "x_train: missing array"),

@@ -35,6 +35,13 @@ def test_open_refuses_to_mix_runs(tmp_path):
         RunDir.open(tmp_path / "a" / "b", resume=False)
 
 
+def test_out_that_is_a_file_is_refused(tmp_path):
+    (tmp_path / "x").write_text("")
+    for resume in (False, True):
+        with pytest.raises(RunDirError, match=f"^--out {tmp_path / 'x'}: exists and is not a directory$"):
+            RunDir.check(tmp_path / "x", resume=resume)
+
+
 def test_nan_never_reaches_the_journal(tmp_path):
     run = RunDir.open(tmp_path / "r", resume=False)
     with pytest.raises(ValueError):

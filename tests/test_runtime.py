@@ -7,8 +7,9 @@ from collections import deque
 import pytest
 
 import launch.runtime as runtime
-from launch.protocol import TAG, Cancel, Progress, Ready, Result, Status, Stop, Task
+from launch.protocol import EXIT_LOST, TAG, Cancel, Progress, Ready, Result, Status, Stop, Stopped, Task
 from launch.runtime import MasterState, master_serve
+from launch.session import abort_if_lost
 
 
 # -- the fake MPI world ----------------------------------------------------------------------------------------------
@@ -34,6 +35,7 @@ class FakeWorker:
         self.best: dict[int, float] = {}
         self.stopped = False
         self.ignore_cancel = False
+        self.silent = False  # never answers Stop
 
     def receive(self, obj) -> None:
         if isinstance(obj, Task):
@@ -51,6 +53,8 @@ class FakeWorker:
                     self.comm.deliver(Result(task.id, self.rank, f"host{self.rank}", obj.status, fitness, now, now))
         elif isinstance(obj, Stop):
             self.stopped = True
+            if not self.silent:
+                self.comm.deliver(Stopped(self.rank))
 
     def step(self) -> None:
         """One event of the running task, if it has one to give now."""
@@ -123,8 +127,8 @@ class FakeComm:
 class ListSource:
     """A fixed list of tasks; records everything the master tells it."""
 
-    def __init__(self, n: int, prune=None):
-        self.todo = deque(Task(i, {"n": i}) for i in range(n))
+    def __init__(self, n: int, prune=None, limit: float | None = None):
+        self.todo = deque(Task(i, {"n": i}, limit) for i in range(n))
         self.n = n
         self.results: list[Result] = []
         self.progress: list[Progress] = []
@@ -304,7 +308,7 @@ def test_a_passing_deadline_cancels_running_tasks_then_stops_the_workers():
     assert all(c.status == Status.CANCELLED for _, c in cancels)
     assert sorted(r.id for r in source.results) == sorted(t.id for _, t in sent)
     assert all(r.status == Status.CANCELLED for r in source.results)
-    _assert_stop_comes_last(comm)
+    _assert_cancel_then_stop_at_once(comm)
     assert state.running == {}
 
 
@@ -327,24 +331,56 @@ def test_a_stop_request_cancels_running_tasks_and_no_new_task_follows():
     assert sorted(d for d, _ in cancels) == [1, 2]
     assert all(c.status == Status.CANCELLED for _, c in cancels)
     assert [r.status for r in source.results] == [Status.CANCELLED] * 2
-    _assert_stop_comes_last(comm)
+    _assert_cancel_then_stop_at_once(comm)
     assert state.stopping
 
 
 @pytest.mark.timeout(30)
-def test_workers_that_ignore_a_cancel_are_stopped_after_the_grace(monkeypatch):
-    monkeypatch.setattr(runtime, "STOP_GRACE", 0.2)
+def test_a_stop_does_not_wait_for_cancelled_tasks_and_tells_the_source_of_each():
     comm = FakeComm(size=3, script=forever)
     for w in comm.workers.values():
-        w.ignore_cancel = True
+        w.ignore_cancel = True  # they would never report: the master must not wait for them
     source = ListSource(4)
     t0 = time.time()
-    state = serve(comm, source, deadline=t0 + 0.1, prefetch=0)
-    assert 0.3 <= time.time() - t0 < 10
-    assert len(comm.sent(Cancel)) == 2
-    assert sorted(d for d, _ in comm.sent(Stop)) == [1, 2]
-    assert len(state.running) == 2  # they never reported
-    assert source.results == []
+    state = serve(comm, source, stop=lambda: "SIGUSR1" if len(source.progress) == 2 else None, prefetch=0)
+    assert time.time() - t0 < 5
+    assert sorted(d for d, _ in comm.sent(Cancel)) == [1, 2]
+    assert all(w.stopped for w in comm.workers.values())
+    _assert_cancel_then_stop_at_once(comm)
+    # a CANCELLED result for each abandoned task, made on the master, so that the source cleans up
+    assert sorted((r.id, r.rank, r.host) for r in source.results) == [(0, 1, "host1"), (1, 2, "host2")]
+    assert all(r.status == Status.CANCELLED and r.fitness is None and r.seconds == 0 for r in source.results)
+    assert state.running == {} and state.busy_seconds == 0.0
+
+
+@pytest.mark.timeout(30)
+def test_a_result_that_arrived_with_the_stop_is_kept():
+    comm = FakeComm(size=3, script=lambda rank, task: [("result", 1.0, 1.0)] if rank == 1 else forever(rank, task))
+    source = ListSource(4)
+    received = lambda: any(e[0] == "recv" and isinstance(e[1], Result) for e in comm.log)
+    serve(comm, source, stop=lambda: "SIGTERM" if received() else None, prefetch=0)
+    assert [(r.id, r.status) for r in sorted(source.results, key=lambda r: r.id)] == [(0, Status.OK),
+                                                                                        (1, Status.CANCELLED)]
+    assert [(d, c.id) for d, c in comm.sent(Cancel)] == [(2, 1)]
+
+
+def _assert_cancel_then_stop_at_once(comm):
+    """The run ends with Cancel for each running task, then Stop to every worker, nothing read in between."""
+    stops = [i for i, e in enumerate(comm.log) if e[0] == "send" and isinstance(e[2], Stop)]
+    assert sorted(comm.log[i][1] for i in stops) == list(range(1, comm.size))
+    assert stops == list(range(stops[0], stops[0] + len(stops)))  # together
+    first_cancel = next((i for i, e in enumerate(comm.log) if e[0] == "send" and isinstance(e[2], Cancel)), stops[0])
+    assert all(e[0] == "send" and isinstance(e[2], (Cancel, Stop)) for e in comm.log[first_cancel:stops[-1]])
+    _assert_stopped_answers_read_last(comm, stops[-1])
+
+
+def _assert_stopped_answers_read_last(comm, last_stop):
+    """After the stops the master only reads, up to every worker's answer (nothing stays unread for MPICH)."""
+    after = comm.log[last_stop + 1:]
+    assert all(e[0] == "recv" for e in after)
+    answered = [e[1].rank for e in after if isinstance(e[1], Stopped)]
+    assert sorted(answered) == sorted(r for r, w in comm.workers.items() if w.stopped and not w.silent)
+    assert isinstance(after[-1][1], Stopped)
 
 
 def _assert_stop_comes_last(comm):
@@ -353,8 +389,155 @@ def _assert_stop_comes_last(comm):
     assert sorted(e[1] for e in stops) == list(range(1, comm.size))
     assert sends[-len(stops):] == stops  # nothing after the stops
     last_result = max(i for i, e in enumerate(comm.log) if e[0] == "recv" and isinstance(e[1], Result))
-    first_stop = comm.log.index(stops[0])
-    assert last_result < first_stop  # the cancelled tasks reported before the workers were stopped
+    assert last_result < comm.log.index(stops[0])  # every task reported before the workers were stopped
+    _assert_stopped_answers_read_last(comm, comm.log.index(stops[-1]))
+
+
+@pytest.mark.timeout(30)
+def test_the_master_reads_what_workers_sent_before_they_saw_stop():
+    """Messages still in flight when Stop goes out are read (and dropped) up to each worker's answer."""
+    comm = FakeComm(size=3, script=forever)
+    source = ListSource(4)
+    late = Result(99, 1, "host1", Status.OK, 1.0, 0.0, 1.0)
+    stop_1 = comm.workers[1].receive
+
+    def receive(obj):  # worker 1 reports once more before it reads Stop
+        if isinstance(obj, Stop):
+            comm.deliver(late)
+        stop_1(obj)
+    comm.workers[1].receive = receive
+    serve(comm, source, stop=lambda: "SIGTERM" if len(source.progress) == 2 else None, prefetch=0)
+    assert ("recv", late) in comm.log and all(r.id != 99 for r in source.results)
+    _assert_cancel_then_stop_at_once(comm)
+
+
+@pytest.mark.timeout(30)
+def test_a_worker_that_never_answers_stop_delays_the_end_only_so_long(monkeypatch):
+    monkeypatch.setattr(runtime, "STOPPED_WAIT", 0.3)
+    comm = FakeComm(size=3)
+    comm.workers[2].silent = True
+    t0 = time.time()
+    serve(comm, ListSource(2), prefetch=0)
+    assert 0.3 <= time.time() - t0 < 5
+
+
+# -- (f) a worker rank that stops answering --------------------------------------------------------------------------
+def takes(seconds):
+    """A script step that lasts `seconds` from when the task reaches it."""
+    end = []
+
+    def done():
+        if not end:
+            end.append(time.time() + seconds)
+        return time.time() >= end[0]
+    return ("until", done)
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_silent_past_the_limit_and_the_grace_is_lost_and_the_run_goes_on(monkeypatch):
+    monkeypatch.setattr(runtime, "LOST_GRACE", 0.2)
+    comm = FakeComm(size=3)
+    source = ListSource(12, limit=0.1)
+    lost = lambda: any(r.status == Status.LOST for r in source.results)
+
+    def script(rank, task):
+        if rank == 2:  # silent until the master gave it up, then its result comes late
+            return [("until", lost), ("result", 5.0, 0.05)]
+        return [takes(0.05), ("result", 1.0, 0.05)]
+
+    comm.script = script
+    t0 = time.time()
+    state = serve(comm, source, prefetch=0)
+    assert time.time() - t0 < 10
+    assert state.lost == {2}
+    by_id = {r.id: r for r in source.results}
+    assert sorted(by_id) == list(range(12)) and len(source.results) == 12  # each task reached the source once
+    first_to_2 = [t.id for d, t in comm.sent(Task) if d == 2]
+    assert len(first_to_2) == 1  # no further task went to the lost rank
+    gone = by_id[first_to_2[0]]
+    assert (gone.status, gone.fitness, gone.rank, gone.host) == (Status.LOST, None, 2, "host2")
+    assert gone.seconds >= 0.3 and "stopped answering" in gone.error
+    assert all(r.status == Status.OK and r.rank == 1 for i, r in by_id.items() if i != gone.id)
+    # the late result was read and ignored: not recorded again, not counted as busy time
+    assert any(e[0] == "recv" and isinstance(e[1], Result) and e[1].rank == 2 for e in comm.log)
+    assert state.busy_seconds == pytest.approx(11 * 0.05)
+    assert [d for d, _ in comm.sent(Stop)] == [1]  # a lost rank would never read it
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("grace, script, tasks, limit, deadline, prefetch, statuses", [
+    # a queued task is timed from the end of the one before: 0.4 s each, within 0.6 s of its start, not its sending
+    (0.3, lambda rank, task: [takes(0.4), ("result", 1.0, 0.4)], 3, 0.3, None, 1, [Status.OK] * 3),
+    # a task without a time limit is never overdue (here it runs until the deadline cancels it)
+    (0.0, forever, 4, None, 0.5, 0, [Status.CANCELLED] * 2),
+])
+def test_a_rank_is_not_lost_while_its_task_may_still_run(monkeypatch, grace, script, tasks, limit, deadline, prefetch,
+                                                         statuses):
+    monkeypatch.setattr(runtime, "LOST_GRACE", grace)
+    comm = FakeComm(size=3, script=script)
+    source = ListSource(tasks, limit=limit)
+    state = serve(comm, source, deadline=deadline and time.time() + deadline, prefetch=prefetch)
+    assert state.lost == set()
+    assert [r.status for r in source.results] == statuses
+
+
+@pytest.mark.timeout(30)
+def test_when_every_rank_is_lost_the_loop_ends(monkeypatch):
+    monkeypatch.setattr(runtime, "LOST_GRACE", 0.1)
+    comm = FakeComm(size=3, script=forever)
+    source = ListSource(6, limit=0.1)
+    state = serve(comm, source, prefetch=1)
+    assert state.lost == {1, 2}
+    assert sorted(r.id for r in source.results) == [0, 1, 2, 3]  # what they held, then nothing more was sent
+    assert all(r.status == Status.LOST for r in source.results) and len(comm.sent(Task)) == 4
+    assert comm.sent(Stop) == []
+    assert not source.finished()
+
+
+@pytest.mark.timeout(30)
+def test_the_grace_can_be_given_to_the_loop():
+    comm = FakeComm(size=2, script=forever)
+    state = serve(comm, ListSource(2, limit=0.05), lost_grace=0.05)
+    assert state.lost == {1}
+
+
+class Aborted(Exception):
+    pass
+
+
+class AbortingComm:
+    """MPI_Abort ends the process; here it raises, so that abort_if_lost does not reach its os._exit."""
+
+    def __init__(self):
+        self.aborted = []
+
+    def Abort(self, code):
+        self.aborted.append(code)
+        raise Aborted
+
+
+def test_abort_if_lost_aborts_the_job_only_when_ranks_were_lost():
+    comm = AbortingComm()
+    abort_if_lost(comm, MasterState(workers=2))
+    assert comm.aborted == []
+    with pytest.raises(Aborted):
+        abort_if_lost(comm, MasterState(workers=2, lost={2}))
+    assert comm.aborted == [EXIT_LOST]
+
+
+# -- (g) a failing source --------------------------------------------------------------------------------------------
+class FullDisk(ListSource):
+    def on_result(self, result):
+        raise OSError(28, "No space left on device")
+
+
+@pytest.mark.timeout(30)
+def test_an_exception_in_the_loop_still_stops_every_worker():
+    comm = FakeComm(size=4)
+    with pytest.raises(OSError, match="No space"):
+        serve(comm, FullDisk(6), prefetch=0)
+    assert sorted(d for d, _ in comm.sent(Stop)) == [1, 2, 3]
+    assert all(w.stopped for w in comm.workers.values())
 
 
 # -- (e) the end -----------------------------------------------------------------------------------------------------

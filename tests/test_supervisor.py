@@ -113,3 +113,24 @@ def test_unimportable_task_function_fails_each_task_clearly():
         assert "no_such_module" in events[0].error
     finally:
         s.stop()
+
+
+def test_stop_while_a_task_runs_kills_the_child_promptly():
+    s = Supervisor(1, "tests.faulty_tasks:ignores_cancel")
+    s.submit(Task(9, None))
+    s.poll(0.5)
+    proc = s.proc
+    s.cancel(9, "cancelled")  # the master's Cancel comes first; this child never reads it
+    t0 = time.time()
+    s.stop()
+    assert time.time() - t0 < supervisor_mod.BUSY_STOP_WAIT + 1.0
+    assert proc.poll() is not None and s.proc is None
+
+
+def test_stop_when_idle_lets_the_child_exit_by_itself():
+    s = Supervisor(1, "tests.faulty_tasks:quick")
+    s.submit(Task(1, quick_payload()))
+    result, _ = wait_result(s)
+    proc = s.proc
+    s.stop()
+    assert result.status == OK and proc.returncode == 0  # it exited on Stop, not killed
