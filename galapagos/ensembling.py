@@ -34,7 +34,8 @@ from galapagos.mpijob import Flow, end_when_done, setup_logging, starting
 from galapagos.options import EnsembleOptions
 from galapagos.progress import ProgressView, Snapshot
 from galapagos.sources import JournalSource
-from galapagos.rundir import RunDir, RunDirError
+from galapagos.errors import RunDirError
+from galapagos.rundir import RunDir
 from launch.protocol import Result, Setup, Status, Task
 from launch.runtime import master_serve, stop_signal
 from launch.session import master_start

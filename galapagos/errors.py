@@ -3,11 +3,15 @@ from __future__ import annotations
 
 from launch.protocol import EXIT_BAD_INPUT as EXIT_USAGE  # the exit code of a command and its ranks on bad input
 
-__all__ = ["EXIT_NO_RESULT", "EXIT_USAGE", "NoResult", "UsageError"]
+__all__ = ["EXIT_NO_RESULT", "EXIT_USAGE", "NoResult", "RunDirError", "UsageError"]
 
 
 class UsageError(ValueError):
     """A bad argument, config or file: one clear line, exit code 2, nothing written."""
+
+
+class RunDirError(ValueError):
+    """A run or ensemble directory that cannot hold this run, or that another live run holds."""
 
 
 EXIT_NO_RESULT = 4  # the exit code of `galapagos evolve` (and `design`) when NoResult ends the run

@@ -30,7 +30,8 @@ from galapagos.options import EvolveOptions
 from galapagos.progress import ProgressView, Snapshot
 from galapagos.sources import JournalSource
 from galapagos.reports import summarize
-from galapagos.rundir import RunDir, data_fingerprint
+from galapagos.fingerprint import data_fingerprint
+from galapagos.rundir import RunDir
 from launch.protocol import Result, Setup, Status, Task
 from launch.runtime import master_serve, stop_signal
 from launch.session import master_start

@@ -204,7 +204,7 @@ def user_errors() -> tuple[type[Exception], ...]:
     from ensemble.store import EnsembleError
     from evolve.errors import ConfigError
     from evolve.netdir import ModelError
-    from galapagos.rundir import RunDirError
+    from galapagos.errors import RunDirError
     from launch.scripts import JobScriptError
 
     return (UsageError, ConfigError, DataError, DataShareError, RunDirError, EnsembleError, ModelError,

@@ -106,7 +106,8 @@ def format_report(report: dict) -> str:
 def run_report(path: str | Path, top: int = 5) -> dict:
     """A run directory's summary (its summary.json's timing figures included) and its `top` evaluations."""
     from galapagos.config import load_config
-    from galapagos.rundir import RunDir, RunDirError
+    from galapagos.errors import RunDirError
+    from galapagos.rundir import RunDir
 
     run = RunDir(path)
     if not run.journal.exists():

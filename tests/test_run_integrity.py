@@ -19,8 +19,10 @@ import pytest
 
 from datashare.format import inspect
 from datashare.write import write_dataset
-from galapagos import rundir
-from galapagos.rundir import RunDir, RunDirError, data_fingerprint, sample_ranges
+from galapagos import fingerprint, runlock
+from galapagos.errors import RunDirError
+from galapagos.fingerprint import data_fingerprint, sample_ranges
+from galapagos.rundir import RunDir
 from tests.mpirun import REPO, describe_run, mpiexec, run_mpi
 from tests.test_evolve_run import SMALL, _rank0_pid, galapagos, journal
 
@@ -97,8 +99,8 @@ def test_a_run_from_before_data_json_resumes_and_gets_one(tmp_path, caplog):
 def test_a_large_file_is_hashed_by_samples():
     size = 5 << 40  # 5 TiB: a few MiB read
     pieces = sample_ranges(size)
-    assert sum(n for _, n in pieces) == 2 * rundir.EDGE_BYTES + rundir.BLOCKS * rundir.BLOCK_BYTES
-    assert pieces[0] == (0, rundir.EDGE_BYTES) and pieces[-1] == (size - rundir.EDGE_BYTES, rundir.EDGE_BYTES)
+    assert sum(n for _, n in pieces) == 2 * fingerprint.EDGE_BYTES + fingerprint.BLOCKS * fingerprint.BLOCK_BYTES
+    assert pieces[0] == (0, fingerprint.EDGE_BYTES) and pieces[-1] == (size - fingerprint.EDGE_BYTES, fingerprint.EDGE_BYTES)
     assert all(a + n <= b for (a, n), (b, _) in zip(pieces, pieces[1:]))
     assert sample_ranges(1000) == [(0, 1000)]
 
@@ -138,7 +140,7 @@ def test_without_flock_a_stale_lock_is_replaced_and_a_live_one_refuses(tmp_path,
     def no_flock(fd, op):
         raise OSError(errno.ENOLCK, "No locks available")
 
-    monkeypatch.setattr(rundir.fcntl, "flock", no_flock)
+    monkeypatch.setattr(runlock.fcntl, "flock", no_flock)
     run = RunDir.open(tmp_path / "run", resume=False)
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
