@@ -19,7 +19,6 @@ from datashare.share import DataShareError
 from evolve.build import check_genome, count_params
 from evolve.engine import Engine
 from evolve.errors import InvalidGenome, SearchExhausted
-from evolve.files import write_json
 from evolve.genome import Genome
 from evolve.problem import Problem
 from evolve.train import TrainTask
@@ -219,7 +218,7 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
         end_when_done(comm, state)
     if source.exhausted:
         summary["ended_early"] = source.exhausted
-    write_json(run.summary, summary)
+    run.save(run.summary, summary)
     result = {**summary, "run": str(run.path), "best_dir": str(run.best) if source.best else None,
               "finished": source.finished() or (deadline is not None and time.time() >= deadline)}
     if source.best is None and not stopped:

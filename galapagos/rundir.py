@@ -96,14 +96,21 @@ class RunDir:
             log.info("%s: recording the data's fingerprint (the run is older than %s)", self.path, self.data.name)
         elif old and old["path"] != fingerprint["path"]:
             log.info("%s: the data moved from %s to %s (same contents)", self.path, old["path"], fingerprint["path"])
-        write_json(self.data, fingerprint)
+        self.save(self.data, fingerprint)
 
     def spent_seconds(self) -> float:
         """Search time spent by the run's jobs so far (clock.json; 0 for a run from before it was kept)."""
         return float(json.loads(self.clock.read_text())["seconds"]) if self.clock.exists() else 0.0
 
     def record_seconds(self, seconds: float) -> None:
-        write_json(self.clock, {"seconds": round(seconds, 3)})
+        self.save(self.clock, {"seconds": round(seconds, 3)})
+
+    def save(self, path: Path, obj: dict) -> None:
+        """A JSON file of the run, replaced atomically; a failed write is one line (write_error)."""
+        try:
+            write_json(path, obj)
+        except OSError as exc:
+            raise self.write_error(path, exc) from None
 
     @classmethod
     def open(cls, path: str | Path, *, resume: bool) -> "RunDir":
@@ -136,10 +143,13 @@ class RunDir:
 
     def append(self, record: dict) -> None:
         """One finished evaluation, on disk before the run goes on (flushed and fsynced)."""
-        with open(self.journal, "a") as f:
-            f.write(json.dumps(record, sort_keys=True, allow_nan=False) + "\n")
-            f.flush()
-            os.fsync(f.fileno())
+        try:
+            with open(self.journal, "a") as f:
+                f.write(json.dumps(record, sort_keys=True, allow_nan=False) + "\n")
+                f.flush()
+                os.fsync(f.fileno())
+        except OSError as exc:  # a torn last line is cut off by the next --resume (read_journal)
+            raise self.write_error(self.journal, exc) from None
 
     def model_path(self, eval_id: int) -> Path:
         return self.models / f"{eval_id}.pt"
@@ -147,10 +157,24 @@ class RunDir:
     def save_best(self, record: dict, extra: dict) -> None:
         """Copy an evaluation's weights, genome and metrics into best/ (each file replaced atomically)."""
         src = self.model_path(record["id"])
-        NetworkDir(self.best).write(record["genome"], {**extra, "id": record["id"], "fitness": record["fitness"],
-                                                       "metrics": record["metrics"], "params": record["params"],
-                                                       "key": record["key"]},
-                                    weights_from=src if src.exists() else None)
+        try:
+            NetworkDir(self.best).write(record["genome"], {**extra, "id": record["id"], "fitness": record["fitness"],
+                                                           "metrics": record["metrics"], "params": record["params"],
+                                                           "key": record["key"]},
+                                        weights_from=src if src.exists() else None)
+        except OSError as exc:
+            raise self.write_error(self.best, exc) from None
+
+    def write_error(self, path: Path, exc: OSError) -> RunDirError:
+        """A write into the run that failed (a full or read-only disk): one line with the path and the room left;
+        what the journal holds is kept, and `--resume` continues once there is room."""
+        try:
+            st = os.statvfs(self.path)
+            room = f", {st.f_bavail * st.f_frsize / 2**20:.1f} MiB free"
+        except OSError:
+            room = ""
+        return RunDirError(f"cannot write {path}: {exc.strerror or exc}{room}; the run stops here, everything in "
+                           f"{self.journal.name} is kept: continue with --resume once there is room")
 
     def prune_models(self, keep: Iterable[int]) -> None:
         keep = {f"{i}.pt" for i in keep}

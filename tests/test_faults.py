@@ -7,7 +7,8 @@ ranks, real signals, real files). The table, fault -> expected outcome:
 | SIGTERM to the command                            | clean stop, summary.json, exit 0, no rank left                  |
 | SIGKILL to the command                            | its mpiexec and every rank end too (nothing trains on)          |
 | a worker rank stops answering (SIGSTOP)           | its task recorded `lost`, the others go on, summary, exit 3     |
-| rank 0 fails unexpectedly (--out on a full disk)  | one line naming the error, every rank ends, no hang             |
+| rank 0 fails unexpectedly (a bug)                 | one line naming the error, every rank ends (MPI_Abort), exit 1  |
+| the disk under --out fills up                     | one line: the path and the room left; exit 2, no rank left      |
 | --out is read-only                                | one line, exit 2, no rank left waiting                          |
 | --workers 0                                       | one line, exit 2                                                |
 | no mpiexec                                        | one line naming it, exit 2                                      |
@@ -33,7 +34,7 @@ import numpy as np
 import pytest
 
 from examples import shapes
-from tests.mpirun import REPO
+from tests.mpirun import REPO, describe_run, run_mpi
 from tests.test_evolve_run import SMALL, galapagos
 
 pytestmark = pytest.mark.mpi
@@ -172,14 +173,20 @@ def test_a_worker_rank_that_stops_answering_is_given_up(data, tmp_path):
     wait_until(lambda: not ranks_of(out), 30, "every rank to end")
 
 
-def test_rank0_failure_ends_the_job_with_one_line(data, mount):
+def test_unexpected_rank0_failure_ends_every_rank():
+    proc = run_mpi(3, [REPO / "tests" / "mpi_scripts" / "rank0_fails.py"], timeout=120)
+    assert proc.returncode == 1, describe_run(proc)
+    assert "galapagos boom: error on rank 0: RuntimeError: boom; ending the job" in proc.stderr, describe_run(proc)
+
+
+def test_full_disk_ends_the_job_with_one_line(data, mount):
     out = mount("full") / "run"  # 300 KiB: the second network's weights do not fit
     proc = galapagos("evolve", "--data", data, "--out", out, "--evaluations", 40, "--workers", 2, *SMALL,
                      "--set", "space.channels=[32, 64]", "--set", "run.keep_models=20", timeout=240)
-    assert proc.returncode != 0
-    lines = [line for line in proc.stderr.splitlines() if "error" in line]
-    assert any("error on rank 0: OSError: [Errno 28] No space left on device" in line for line in lines), proc.stderr
-    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 2, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("galapagos evolve: error")]
+    assert len(lines) == 1 and "No space left on device" in lines[0] and "MiB free" in lines[0], proc.stderr
+    assert "continue with --resume once there is room" in lines[0] and "Traceback" not in proc.stderr
     assert not ranks_of(out)
 
 
