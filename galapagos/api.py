@@ -115,10 +115,3 @@ def run(name: str, opts: Any) -> dict | None:
 def _str(path: PathLike | None) -> str | None:
     return None if path is None else str(path)
 
-
-def __getattr__(name: str) -> Any:
-    if name == "USER_ERRORS":  # the errors that mean bad input (imported lazily: they pull in torch and h5py)
-        from galapagos.mpijob import user_errors
-
-        return user_errors()
-    raise AttributeError(name)

@@ -9,11 +9,11 @@ import sys
 
 from galapagos import api
 from galapagos.errors import EXIT_NO_RESULT, EXIT_USAGE, NoResult
-from launch.protocol import EXIT_LOST
-from galapagos.mpijob import JobFailed, WorkerExit, setup_logging
+from galapagos.mpijob import JobFailed, WorkerExit, setup_logging, user_errors
 from galapagos.options import EnsembleOptions, EvolveOptions, PredictOptions
 from galapagos.parser import build_parser
 from galapagos.reports import format_metrics, format_report, format_run_report, format_summary
+from launch.protocol import EXIT_LOST
 
 
 def show(*lines: str) -> None:
@@ -145,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         show(format_summary(exc.summary))
         print(f"galapagos {args.command}: {exc}", file=sys.stderr)
         return EXIT_NO_RESULT
-    except api.USER_ERRORS as exc:
+    except user_errors() as exc:
         from launch.mpi import under_launcher, world
 
         if args.command == "predict" and under_launcher() and world().rank != 0:

@@ -24,18 +24,23 @@ from evolve.problem import Problem
 from evolve.train import TrainTask
 from galapagos.config import Config, evolve_config
 from galapagos.errors import NoResult, UsageError
+from galapagos.fingerprint import data_fingerprint
 from galapagos.mpijob import Flow, end_when_done, setup_logging, starting
 from galapagos.options import EvolveOptions
 from galapagos.progress import ProgressView, Snapshot
-from galapagos.sources import JournalSource
 from galapagos.reports import summarize
-from galapagos.fingerprint import data_fingerprint
 from galapagos.rundir import RunDir
+from galapagos.sources import JournalSource
 from launch.protocol import Result, Setup, Status, Task
 from launch.runtime import master_serve, stop_signal
 from launch.session import master_start
 
 log = logging.getLogger(__name__)
+
+# Seconds between updates of the run's search clock (clock.json) while it runs; the end of a job writes it too. A
+# file replaced on every result would add a metadata operation per task to the master on a parallel file system;
+# a job killed outright loses at most this much of its search time from the budget's count.
+CLOCK_EVERY = 10.0
 
 
 class EvolutionSource(JournalSource):
@@ -56,6 +61,7 @@ class EvolutionSource(JournalSource):
             self._learn(r)
         self.run.prune_models([i for _, i in self.top])  # weights of tasks that were running when a run was killed
         self.exhausted: str | None = None  # why the space has no new genome left
+        self.clocked = 0.0  # when clock.json was last written
 
     # -- budget ----------------------------------------------------------------------------------------------
     @property
@@ -88,7 +94,9 @@ class EvolutionSource(JournalSource):
 
     # -- results ---------------------------------------------------------------------------------------------
     def on_result(self, r: Result) -> None:
-        self.run.record_seconds(self.search_seconds())
+        if time.time() - self.clocked >= CLOCK_EVERY:
+            self.run.record_seconds(self.search_seconds())
+            self.clocked = time.time()
         record = self.journal_result(r, self.inflight.pop(r.id))
         if record is None:  # cancelled: a resumed run breeds afresh
             self.run.model_path(r.id).unlink(missing_ok=True)

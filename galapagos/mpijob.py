@@ -69,16 +69,11 @@ def setup_logging(rank: int = 0, logfile: Path | None = None) -> None:
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, handlers=handlers, force=True)
 
 
-def cores() -> int:
-    """The cores this process may run on."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-
-
 def default_workers() -> int:
     """One worker per GPU, else one per core (a share of a node for each)."""
-    from launch.placement import gpu_count
+    from launch.placement import allowed_cores, gpu_count
 
-    return gpu_count() or cores()
+    return gpu_count() or len(allowed_cores())
 
 
 def run(flow: Flow, opts: Any) -> dict | None:
@@ -125,10 +120,11 @@ def run_rank(flow: Flow, opts: Any) -> dict | None:
 def start_ranks(name: str, opts: Any, workers: int) -> dict | None:
     """Run the job under `mpiexec -n workers+1` and return what its rank 0 returned."""
     from launch.mpi import mpiexec
+    from launch.placement import allowed_cores
 
     if workers < 1:
         raise UsageError(f"--workers {workers}: need at least one worker")
-    if workers > (have := cores()):
+    if workers > (have := len(allowed_cores())):
         log.warning("%d worker(s) on %d core(s): they will take turns on the cores (oversubscribed); fewer workers "
                     "train as fast", workers, have)
     try:

@@ -14,7 +14,7 @@ from galapagos.errors import EXIT_USAGE, NoResult
 
 def main(argv: list[str]) -> int:
     from galapagos import api
-    from galapagos.mpijob import WorkerExit, setup_logging
+    from galapagos.mpijob import WorkerExit, setup_logging, user_errors
     from launch.mpi import world
 
     name, options, result_file = argv
@@ -27,7 +27,7 @@ def main(argv: list[str]) -> int:
     except NoResult as exc:  # rank 0: the run is over and nothing succeeded; the command says so
         result_path.write_text(json.dumps({"no_result": exc.summary}))
         return 0
-    except api.USER_ERRORS as exc:
+    except user_errors() as exc:
         if world().rank == 0:
             result_path.write_text(json.dumps({"error": str(exc)}))
         return EXIT_USAGE

@@ -24,6 +24,11 @@ def gpu_count() -> int:
         return 0
 
 
+def allowed_cores() -> list[int]:
+    """The cores this process may run on (its affinity where the system has one)."""
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
 def place(local_index: int, local_workers: int, *, allowed: list[int] | None = None,
           gpus: int | None = None) -> Placement:
     """Split the node between its workers: one GPU each if there are GPUs, else an even share of the cores.
@@ -31,7 +36,7 @@ def place(local_index: int, local_workers: int, *, allowed: list[int] | None = N
     With more workers than cores, workers share cores round-robin rather than leaving any with none.
     """
     if allowed is None:
-        allowed = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+        allowed = allowed_cores()
     gpus = gpu_count() if gpus is None else gpus
     n = len(allowed)
     if local_workers <= n:

@@ -114,8 +114,8 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
 
     A worker rank silent for `lost_grace` (default LOST_GRACE) seconds past the time limit of the task it runs is
     given up as lost (see MasterState.lost: the caller must end the job with launch.session.abort_if_lost).
-    Whatever ends the loop, an exception included, every worker not lost is sent Stop, so that no rank waits forever; then (but
-    for an exception) the master reads until each has answered (_read_until_stopped).
+    Whatever ends the loop, an exception included, every worker not lost is sent Stop, so that no rank waits
+    forever; then (but for an exception) the master reads until each has answered (_read_until_stopped).
     """
     state = MasterState(workers=comm.size - 1)
     grace = LOST_GRACE if lost_grace is None else lost_grace

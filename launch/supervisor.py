@@ -148,10 +148,12 @@ class Supervisor:
                 ready = self.conn.poll(0)
         except (EOFError, OSError):
             code = self.proc.wait() if self.proc else None
-            return events + self._finish(Status.CRASHED, None, {}, f"trainer child died: {_describe_exit(code)}", kill=True)
+            return events + self._finish(Status.CRASHED, None, {}, f"trainer child died: {_describe_exit(code)}",
+                                         kill=True)
         now = time.time()
         if task.time_limit is not None and now - self.started > task.time_limit:
-            return events + self._finish(Status.TIMEOUT, None, {}, f"past its time limit of {task.time_limit:g} s", kill=True)
+            return events + self._finish(Status.TIMEOUT, None, {}, f"past its time limit of {task.time_limit:g} s",
+                                         kill=True)
         if self.cancel_sent is not None and now - self.cancel_sent > CANCEL_GRACE:
             return events + self._finish(self.cancel_status, None, {}, "did not stop when cancelled", kill=True)
         return events

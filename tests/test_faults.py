@@ -33,18 +33,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from examples import shapes
 from tests.mpirun import REPO, describe_run, run_mpi
-from tests.test_evolve_run import SMALL, galapagos
+from tests.test_evolve_run import SMALL, galapagos, shapes_file  # noqa: F401 - the fixture `data` takes
 
 pytestmark = pytest.mark.mpi
 
 
 @pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("faults") / "shapes.h5"
-    shapes.generate(path, samples=600, size=12, seed=1)
-    return path
+def data(shapes_file) -> Path:  # noqa: F811 - the small shapes file of the end-to-end tests
+    return shapes_file
 
 
 @pytest.fixture(scope="module")
@@ -104,7 +101,8 @@ def test_stop_signal_to_the_command_stops_cleanly(data, tmp_path, signum, code):
     assert "Traceback" not in stderr
     assert (out / "summary.json").exists()
     name = signal.Signals(signum).name
-    assert f"stopped by {name} before the budget was spent: continue with --resume: galapagos evolve --resume --out" in stdout
+    assert (f"stopped by {name} before the budget was spent: continue with --resume: galapagos evolve --resume "
+            "--out") in stdout
     assert not ranks_of(out)
 
 
