@@ -43,7 +43,21 @@ def show_evolution(summary: dict, data: str) -> None:
     show(format_summary(summary), f"run directory: {summary['run']} ({best})")
     if summary.get("stopped_by") and not summary["finished"]:
         show(f"stopped by {summary['stopped_by']} before the budget was spent: continue with --resume: "
-             f"galapagos evolve --resume --out {shlex.quote(summary['run'])} --data {shlex.quote(data)}")
+             f"{resume_command(summary['run'], data)}")
+
+
+def resume_command(run: str, data: str) -> str:
+    return f"galapagos evolve --resume --out {shlex.quote(run)} --data {shlex.quote(data)}"
+
+
+def show_failed(command: str, exc: JobFailed, data: str) -> None:
+    """A job that died without its result (a rank was killed): the summary written from its journal, and how to
+    go on."""
+    s = exc.summary
+    show_evolution(s, data)
+    print(f"galapagos {command}: the job ended abnormally (exit code {exc.code}; its output above says why); the "
+          f"{s['evaluations']} evaluation(s) in its journal are kept: continue with --resume: "
+          f"{resume_command(s['run'], data)}", file=sys.stderr)
 
 
 def show_ensemble(metrics: dict) -> None:
@@ -140,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
     except WorkerExit as exc:  # a worker rank of a job that could not start; rank 0 says why
         return exc.code
     except JobFailed as exc:  # the job's ranks have already said why
+        if exc.summary:
+            show_failed(args.command, exc, args.data)
         return exc.code
     except NoResult as exc:  # the run is over and nothing succeeded: its summary, one line, its own exit code
         show(format_summary(exc.summary))

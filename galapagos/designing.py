@@ -37,4 +37,4 @@ def master(comm: Any, opts: EvolveOptions) -> dict:
     return {"evolution": summary, "ensemble": metrics, "report": report}
 
 
-FLOW = Flow("design", evolution.check, master, phases=2)
+FLOW = Flow("design", evolution.check, master, phases=2, salvage=evolution.salvage)

@@ -22,8 +22,8 @@ from evolve.errors import InvalidGenome, SearchExhausted
 from evolve.genome import Genome
 from evolve.problem import Problem
 from evolve.train import TrainTask
-from galapagos.config import Config, evolve_config
-from galapagos.errors import NoResult, UsageError
+from galapagos.config import Config, evolve_config, load_config
+from galapagos.errors import NoResult, RunDirError, UsageError
 from galapagos.fingerprint import data_fingerprint
 from galapagos.mpijob import Flow, end_when_done, setup_logging, starting
 from galapagos.options import EvolveOptions
@@ -173,6 +173,8 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
         records = run.read_journal() if opts.resume else []
         spent = run.spent_seconds() if opts.resume else 0.0
         run.config.write_text(config.dumps())
+        # Kept weights, one being written per worker, and best/.
+        run.check_room(config.run.keep_models + comm.size, config.space.max_params)
         problem = Problem.of_dataset(info)
         try:  # warms torch up before the clock of the run starts
             check_genome(config.space.random_genome(random.Random(0), problem), problem, config.space)
@@ -212,6 +214,7 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
     finally:
         view.clear()
         shared.close()
+    run.prune_models([i for _, i in source.top])  # what cancelled tasks wrote before their trainers were stopped
     wall, searched = time.time() - start, source.search_seconds()
     run.record_seconds(searched)
     summary = summarize(source.records, population_size=config.evolution.population_size, workers=comm.size - 1,
@@ -234,4 +237,31 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
     return result
 
 
-FLOW = Flow("evolve", check, master)
+def salvage(opts: EvolveOptions, code: int) -> dict | None:
+    """The job died without rank 0's summary (MPICH ends every rank when one is killed): summary.json from the
+    journal, which holds every evaluation that finished, so that the run still ends with its summary and resumes.
+    None when the run never started or a live job holds it."""
+    run = RunDir(opts.out)
+    if not run.config.exists():
+        return None
+    try:
+        lock = run.lock()
+    except (RunDirError, OSError):
+        return None
+    try:
+        records = run.read_journal()
+        config = load_config(run.config)
+        summary = summarize(records, population_size=config.evolution.population_size)
+        summary["search_seconds"] = round(run.spent_seconds(), 2)
+        summary["ended_by"] = f"the job's failure (exit code {code})"
+        run.save(run.summary, summary)
+    except (RunDirError, OSError, ValueError) as exc:
+        log.warning("%s: no summary written after the job's failure: %s", run.path, exc)
+        return None
+    finally:
+        lock.release()
+    return {**summary, "run": str(run.path), "best_dir": str(run.best) if summary["best"] else None,
+            "finished": False}
+
+
+FLOW = Flow("evolve", check, master, salvage=salvage)

@@ -33,11 +33,12 @@ EXIT_CRASH = 1  # the job's exit code when rank 0 failed unexpectedly (MPI_Abort
 
 
 class JobFailed(RuntimeError):
-    """The started job ended without a result; its ranks' output says why."""
+    """The started job ended without a result; its ranks' output says why. `summary` is what the flow's salvage
+    made of the run's files (None when it has none)."""
 
-    def __init__(self, name: str, code: int):
+    def __init__(self, name: str, code: int, summary: dict | None = None):
         super().__init__(f"galapagos {name}: the job ended with exit code {code} (see its output above)")
-        self.code = code
+        self.code, self.summary = code, summary
 
 
 class WorkerExit(Exception):
@@ -56,6 +57,8 @@ class Flow:
     check: Callable[[Any], Any]  # options -> anything; raises on bad input, writes nothing
     master: Callable[[Any, Any], dict | None]  # (comm, options) -> the result, on rank 0
     phases: int = 1  # jobs each worker rank serves in turn (design: evolution, then ensemble)
+    # (options, exit code) -> a summary written from the run's files, when the job died without rank 0's result
+    salvage: Callable[[Any, int], dict | None] | None = None
 
 
 def setup_logging(rank: int = 0, logfile: Path | None = None) -> None:
@@ -82,7 +85,8 @@ def run(flow: Flow, opts: Any) -> dict | None:
 
     if not under_launcher():
         flow.check(opts)
-        return start_ranks(flow.name, opts, default_workers() if opts.workers is None else opts.workers)
+        return start_ranks(flow.name, opts, default_workers() if opts.workers is None else opts.workers,
+                           salvage=flow.salvage)
     return run_rank(flow, opts)
 
 
@@ -117,9 +121,13 @@ def run_rank(flow: Flow, opts: Any) -> dict | None:
     return None
 
 
-def start_ranks(name: str, opts: Any, workers: int) -> dict | None:
-    """Run the job under `mpiexec -n workers+1` and return what its rank 0 returned."""
-    from launch.mpi import mpiexec
+def start_ranks(name: str, opts: Any, workers: int, salvage: Callable[[Any, int], dict | None] | None = None
+                ) -> dict | None:
+    """Run the job under `mpiexec -n workers+1` and return what its rank 0 returned.
+
+    A job that dies without a result (MPICH ends every rank when one is killed) raises JobFailed, carrying what
+    `salvage` makes of the run's files; MPICH's segments that its killed ranks left in /dev/shm are removed."""
+    from launch.mpi import mpiexec, remove_leftover_segments, shm_segments
     from launch.placement import allowed_cores
 
     if workers < 1:
@@ -136,14 +144,18 @@ def start_ranks(name: str, opts: Any, workers: int) -> dict | None:
         cmd = [launcher, "-n", str(workers + 1), sys.executable, "-m", "galapagos.ranks", name,
                json.dumps(opts.to_dict()), str(result)]
         log.info("starting %d rank(s): %s", workers + 1, " ".join(cmd[:6]) + " ...")
+        segments = shm_segments()
         code, signalled = _run_job(cmd, Path(tmp) / "ready")
         outcome = json.loads(result.read_text()) if result.exists() else {}
+    if code != 0 and (removed := remove_leftover_segments(segments)):
+        log.info("removed %d shared-memory segment(s) the job's MPI left in /dev/shm", len(removed))
     if "error" in outcome:
         raise UsageError(outcome["error"])
     if "no_result" in outcome:
         raise NoResult(outcome["no_result"])
     if code not in (0, EXIT_LOST) or "result" not in outcome:
-        raise JobFailed(name, 128 + signal.SIGINT if signalled == "SIGINT" else code or 1)
+        code = 128 + signal.SIGINT if signalled == "SIGINT" else code or 1
+        raise JobFailed(name, code, salvage(opts, code) if salvage else None)
     found = outcome["result"]
     for part in (found, (found or {}).get("evolution")):  # the ranks saw SIGUSR1; say what the user sent
         if signalled and isinstance(part, dict) and part.get("stopped_by"):

@@ -23,6 +23,8 @@ from galapagos.fingerprint import STRUCTURE, data_fingerprint, describe_data
 from galapagos.runlock import RunLock
 from launch.protocol import Result, Status
 
+MODEL_OVERHEAD = 64 << 10  # bytes of a torch.save file beyond its tensors (archive headers, names, buffers)
+
 log = logging.getLogger(__name__)
 
 JOURNAL = "results.jsonl"
@@ -165,19 +167,36 @@ class RunDir:
         except OSError as exc:
             raise self.write_error(self.best, exc) from None
 
+    def check_room(self, files: int, params: int) -> None:
+        """Refuse to start when the disk under the run cannot hold `files` weights files of up to `params`
+        float32 parameters each (the kept models, those being written and best/): better now than mid-run."""
+        needed = files * (4 * params + MODEL_OVERHEAD)
+        free = _free_bytes(self.path)
+        if free is not None and free < needed:
+            raise RunDirError(f"--out {self.path}: {free / 2**20:.1f} MiB free, the run may need "
+                              f"{needed / 2**20:.1f} MiB for {files} weights files of up to {params:,} parameters "
+                              "each: free some room, or lower run.keep_models or space.max_params")
+
     def write_error(self, path: Path, exc: OSError) -> RunDirError:
         """A write into the run that failed (a full or read-only disk): one line with the path and the room left;
         what the journal holds is kept, and `--resume` continues once there is room."""
-        try:
-            st = os.statvfs(self.path)
-            room = f", {st.f_bavail * st.f_frsize / 2**20:.1f} MiB free"
-        except OSError:
-            room = ""
+        free = _free_bytes(self.path)
+        room = "" if free is None else f", {free / 2**20:.1f} MiB free"
         return RunDirError(f"cannot write {path}: {exc.strerror or exc}{room}; the run stops here, everything in "
                            f"{self.journal.name} is kept: continue with --resume once there is room")
 
     def prune_models(self, keep: Iterable[int]) -> None:
+        """Delete every weights file but those of `keep`, and any a killed trainer left half-written."""
         keep = {f"{i}.pt" for i in keep}
-        for f in self.models.glob("*.pt"):
+        for f in [*self.models.glob("*.pt"), *self.models.glob(".*.pt.tmp*")]:
             if f.name not in keep:
                 f.unlink(missing_ok=True)
+
+
+def _free_bytes(path: Path) -> int | None:
+    """Bytes this user may still write under `path` (None when the file system cannot say)."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize

@@ -64,6 +64,43 @@ def mpiexec() -> str:
     return found
 
 
+# MPICH's shared-memory segments on a node: its ranks remove them in MPI_Finalize, so the ranks of a job that was
+# killed leave them in /dev/shm, holding memory until the node reboots.
+_MPICH_SEGMENTS = ("mpich_shm_", "mpich_shar_tmp")
+
+
+def shm_segments() -> set[str]:
+    """The names of MPICH's segments now in /dev/shm."""
+    try:
+        return {p.name for p in Path("/dev/shm").iterdir() if p.name.startswith(_MPICH_SEGMENTS)}
+    except OSError:
+        return set()
+
+
+def remove_leftover_segments(before: set[str]) -> list[str]:
+    """After a job that did not end cleanly: remove this user's MPICH segments that appeared since `before` and
+    that no process has mapped (a job started meanwhile keeps its own). Returns the names removed."""
+    new = shm_segments() - before
+    if not new:
+        return []
+    for maps in Path("/proc").glob("[0-9]*/maps"):
+        try:
+            text = maps.read_text()
+        except OSError:
+            continue
+        new = {name for name in new if name not in text}
+    removed = []
+    for name in sorted(new):
+        path = Path("/dev/shm", name)
+        try:
+            if path.stat().st_uid == os.getuid():
+                path.unlink()
+                removed.append(name)
+        except OSError:
+            pass
+    return removed
+
+
 class Backoff:
     """Sleeps between polls, growing to `longest` while nothing happens.
 

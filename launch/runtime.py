@@ -265,6 +265,7 @@ def worker_serve(comm: Any, supervisor: Supervisor, device: str) -> None:
             if msg is not None:
                 obj = msg.recv()
                 if isinstance(obj, Stop):
+                    supervisor.stop()  # a cancelled task writes nothing once the master has its answer
                     comm.send(Stopped(comm.rank), dest=0, tag=TAG)  # the last message it sends
                     break
                 if isinstance(obj, Task):

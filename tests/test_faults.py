@@ -7,8 +7,11 @@ ranks, real signals, real files). The table, fault -> expected outcome:
 | SIGTERM to the command                            | clean stop, summary.json, exit 0, no rank left                  |
 | SIGKILL to the command                            | its mpiexec and every rank end too (nothing trains on)          |
 | a worker rank stops answering (SIGSTOP)           | its task recorded `lost`, the others go on, summary, exit 3     |
+| a worker rank is killed (SIGKILL)                 | MPICH ends every rank; the command writes the summary from the  |
+|                                                   | journal, prints the resume command, removes MPICH's segments    |
 | rank 0 fails unexpectedly (a bug)                 | one line naming the error, every rank ends (MPI_Abort), exit 1  |
 | the disk under --out fills up                     | one line: the path and the room left; exit 2, no rank left      |
+| too little room under --out for the model files   | refused at start: the room and what the run may need; exit 2    |
 | --out is read-only                                | one line, exit 2, no rank left waiting                          |
 | --workers 0                                       | one line, exit 2                                                |
 | no mpiexec                                        | one line naming it, exit 2                                      |
@@ -117,13 +120,14 @@ def test_killed_command_takes_its_job_with_it(data, tmp_path):
 
 @pytest.fixture
 def mount(tmp_path):
-    """mount(*options) -> a fresh directory mounted as asked (root only; skipped, saying why, elsewhere)."""
+    """mount(kind) -> a fresh directory: a 2 MiB tmpfs ("full") or a read-only bind mount (root only; skipped,
+    saying why, elsewhere)."""
     mounted = []
 
     def make(kind: str) -> Path:
         where = tmp_path / f"mnt{len(mounted)}"
         where.mkdir()
-        cmds = {"full": [["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(where)]],
+        cmds = {"full": [["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(where)]],
                 "read-only": [["mount", "--bind", str(tmp_path), str(where)],
                               ["mount", "-o", "remount,bind,ro", str(where)]]}[kind]
         for cmd in cmds:
@@ -178,14 +182,47 @@ def test_unexpected_rank0_failure_ends_every_rank():
 
 
 def test_full_disk_ends_the_job_with_one_line(data, mount):
-    out = mount("full") / "run"  # 300 KiB: the second network's weights do not fit
-    proc = galapagos("evolve", "--data", data, "--out", out, "--evaluations", 40, "--workers", 2, *SMALL,
-                     "--set", "space.channels=[32, 64]", "--set", "run.keep_models=20", timeout=240)
-    assert proc.returncode == 2, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.startswith("galapagos evolve: error")]
-    assert len(lines) == 1 and "No space left on device" in lines[0] and "MiB free" in lines[0], proc.stderr
-    assert "continue with --resume once there is room" in lines[0] and "Traceback" not in proc.stderr
+    disk = mount("full")
+    out = disk / "run"
+    job = running_job(data, out, "--set", "space.max_params=20000", "--set", "run.keep_models=1")
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    (disk / "filler").write_bytes(b"\0" * (free - (8 << 10)))  # another user fills the disk mid-run
+    stdout, stderr = job.communicate(timeout=240)
+    assert job.returncode == 2, stderr
+    lines = [line for line in stderr.splitlines() if line.startswith("galapagos evolve: error")]
+    assert len(lines) == 1 and "No space left on device" in lines[0] and "MiB free" in lines[0], stderr
+    assert "continue with --resume once there is room" in lines[0] and "Traceback" not in stderr
     assert not ranks_of(out)
+    assert not list((out / "models").glob(".*tmp*")), "a half-written weights file was left behind"
+
+
+def test_too_little_room_for_the_models_is_refused_at_start(data, mount):
+    out = mount("full") / "run"  # 2 MiB: not enough for the weights of networks of up to 2 M parameters
+    proc = galapagos("evolve", "--data", data, "--out", out, "--evaluations", 4, "--workers", 1, *SMALL,
+                     timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert "MiB free, the run may need" in proc.stderr and "lower run.keep_models or space.max_params" in proc.stderr
+    assert not ranks_of(out)
+
+
+def test_a_killed_worker_rank_ends_the_job_with_a_summary(data, tmp_path):
+    from launch.mpi import shm_segments
+
+    before = shm_segments()
+    out = tmp_path / "run"
+    job = running_job(data, out)
+    os.kill(worker_ranks(out)[0], signal.SIGKILL)  # MPICH then ends every rank: no rank 0 summary
+    stdout, stderr = job.communicate(timeout=120)
+    assert job.returncode != 0 and "Traceback" not in stderr, stderr
+    assert "the job ended abnormally" in stderr and "continue with --resume: galapagos evolve --resume" in stderr
+    import json
+
+    summary = json.loads((out / "summary.json").read_text())
+    done = len((out / "results.jsonl").read_text().splitlines())
+    assert summary["ended_by"].startswith("the job's failure") and summary["evaluations"] == done >= 1
+    assert f"evaluations: {done}" in stdout
+    assert not ranks_of(out)
+    assert not shm_segments() - before, "the killed job's MPICH segments are still in /dev/shm"
 
 
 def test_read_only_out_is_one_line(data, mount):
