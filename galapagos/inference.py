@@ -220,10 +220,12 @@ def used_members(path: str | Path) -> int | None:
 def run(opts: PredictOptions) -> dict | None:
     """`predict`: one network in this process; an ensemble averaged over the MPI ranks of this job, or over ranks
     started here under mpiexec. The scores on rank 0 (or here); None on the other ranks."""
-    from galapagos.mpijob import default_workers, start_ranks
+    from galapagos.mpijob import check_wired, default_workers, start_ranks
     from launch.mpi import under_launcher, world
 
     comm = world() if under_launcher() else None
+    if comm is not None:
+        check_wired(comm)
     rank0 = comm is None or comm.rank == 0
     if opts.batch < 1:
         raise UsageError(f"--batch {opts.batch}: must be at least 1")

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from galapagos.errors import NoResult, UsageError
+from galapagos.errors import EXIT_USAGE, NoResult, UsageError
 from launch.protocol import EXIT_LOST
 
 log = logging.getLogger("galapagos")
@@ -98,6 +98,7 @@ def run_rank(flow: Flow, opts: Any) -> dict | None:
 
     catch_stop_signals()
     comm = world()
+    check_wired(comm)
     announce_ready(comm)
     if comm.size < 2:
         raise UsageError(f"galapagos {flow.name} needs at least one worker: run it under mpiexec/srun with 2 or "
@@ -119,6 +120,15 @@ def run_rank(flow: Flow, opts: Any) -> dict | None:
                 raise WorkerExit(code)
             break
     return None
+
+
+def check_wired(comm: Any) -> None:
+    """Stop when the launcher started several tasks but each is an MPI world of its own (no common PMI): the
+    launcher's task 0 says why in one line, the others leave quietly with the same exit code."""
+    from launch.mpi import launcher_rank, unwired
+
+    if why := unwired(comm.size):
+        raise UsageError(why) if launcher_rank() == 0 else WorkerExit(EXIT_USAGE)
 
 
 def start_ranks(name: str, opts: Any, workers: int, salvage: Callable[[Any, int], dict | None] | None = None

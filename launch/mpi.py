@@ -15,9 +15,51 @@ _LAUNCHER_VARS = (
 )
 
 
+# How many tasks the launcher says it started: srun (a step's tasks), PMI-1/2 launchers (Hydra, Cray PALS, Flux),
+# Open MPI's mpirun, MVAPICH, jsrun, Flux's job shell.
+_SIZE_VARS = ("SLURM_STEP_NUM_TASKS", "PMI_SIZE", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
+              "JSM_NAMESPACE_SIZE", "FLUX_JOB_SIZE")
+_RANK_VARS = ("SLURM_PROCID", "PMI_RANK", "OMPI_COMM_WORLD_RANK", "MV2_COMM_WORLD_RANK", "JSM_NAMESPACE_RANK",
+              "FLUX_TASK_RANK")
+
+
 def under_launcher() -> bool:
     """True when this process was started by mpiexec/srun/jsrun/aprun/flux, so MPI already has its ranks."""
     return any(v in os.environ for v in _LAUNCHER_VARS)
+
+
+def unwired(size: int) -> str | None:
+    """Why MPI is not wired, when the launcher started several tasks but MPI sees a world of `size` 1: every
+    task is a singleton (the launcher and the MPI library speak no common PMI). None when all is well."""
+    if size != 1:
+        return None
+    for var in _SIZE_VARS:
+        tasks = os.environ.get(var, "")
+        if tasks.isdigit() and int(tasks) > 1:
+            break
+    else:
+        return None
+    if var == "SLURM_STEP_NUM_TASKS":
+        fix = ("srun's MPI plugin does not match this MPI library: pass srun --mpi=pmi2 (the mpich wheel; "
+               "`srun --mpi=list` shows what this Slurm has), or `galapagos launch --launcher mpiexec`")
+    else:
+        fix = (f"this launcher belongs to another MPI than the one mpi4py loads ({_mpi_library()}); start the job "
+               "with that MPI's own launcher")
+    return f"MPI is not wired: the launcher started {tasks} tasks ({var}={tasks}) but each sees only itself: {fix}"
+
+
+def launcher_rank() -> int:
+    """This task's rank as its launcher numbered it (0 when it says nothing)."""
+    for var in _RANK_VARS:
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var])
+    return 0
+
+
+def _mpi_library() -> str:
+    from mpi4py import MPI
+
+    return MPI.Get_library_version().splitlines()[0].strip()
 
 
 def world() -> Any:

@@ -14,6 +14,7 @@ ranks, real signals, real files). The table, fault -> expected outcome:
 | too little room under --out for the model files   | refused at start: the room and what the run may need; exit 2    |
 | --out is read-only                                | one line, exit 2, no rank left waiting                          |
 | --workers 0                                       | one line, exit 2                                                |
+| the launcher's tasks are MPI singletons (no PMI)  | task 0: one line naming the cause and the fix; all exit 2       |
 | no mpiexec                                        | one line naming it, exit 2                                      |
 | data import onto an existing file                 | refused (exit 2) unless --force                                 |
 | a .npz that is not a zip archive                  | one line, exit 2                                                |
@@ -245,6 +246,25 @@ def test_run_where_nothing_succeeds_says_so(data, tmp_path):
 def test_workers_zero_is_refused(data, tmp_path):
     proc = galapagos("evolve", "--data", data, "--out", tmp_path / "run", "--evaluations", 2, "--workers", 0)
     assert proc.returncode == 2 and "--workers 0: need at least one worker" in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_tasks_that_are_mpi_singletons_say_why(data, tmp_path):
+    """srun without a PMI its MPI speaks starts every task as a world of one: what srun leaves in each task's
+    environment, and three real MPI singletons."""
+    procs = []
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_", "SLURM_"))}
+    for rank in range(3):
+        task = {**env, "PYTHONPATH": str(REPO), "SLURM_STEP_ID": "0", "SLURM_STEP_NUM_TASKS": "3",
+                "SLURM_PROCID": str(rank)}
+        procs.append(subprocess.Popen([sys.executable, "-m", "galapagos.cli", "evolve", "--data", str(data),
+                                       "--out", str(tmp_path / "run"), "--evaluations", "2"], cwd=REPO, env=task,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [2, 2, 2]
+    assert "MPI is not wired: the launcher started 3 tasks (SLURM_STEP_NUM_TASKS=3)" in outs[0][1]
+    assert "srun --mpi=pmi2" in outs[0][1] and "Traceback" not in outs[0][1]
+    assert not outs[1][1].strip() and not outs[2][1].strip()
     assert not (tmp_path / "run").exists()
 
 
