@@ -74,6 +74,15 @@ def load(path: PathLike, device: str = "cpu") -> Any:
     return load_network(path, device)[0]
 
 
+def export(model: PathLike, out: PathLike, format: str = "torchscript") -> dict:
+    """Write a network (a run directory, its best/, an ensemble member) or a whole ensemble directory to `out` as
+    one file that plain torch runs without Galapagos: "torchscript", "pt2" (torch.export) or "onnx". The module
+    gives what `predict` gives: class probabilities, or regression outputs. Returns the file, format and shapes."""
+    from galapagos.export import export as write
+
+    return write(model, out, format)
+
+
 def report(path: PathLike, top: int = 5) -> dict:
     """A run directory's summary: evaluations by status, the best network, utilisation, the `top` evaluations."""
     from galapagos.reports import run_report

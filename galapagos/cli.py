@@ -121,6 +121,17 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    info = api.export(args.model, args.out, args.format)
+    if args.json:
+        show(json.dumps(info))
+    else:
+        shape = lambda dims: "(" + ", ".join("N" if d is None else str(d) for d in dims) + ")"  # noqa: E731
+        show(f"wrote {info['out']} ({info['format']}): inputs {shape(info['input'])} float32 -> "
+             f"{info['outputs']} {shape(info['output'])}")
+    return 0
+
+
 def cmd_data(args) -> int:
     from datashare import format as fmt
 
@@ -148,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
     if not logging.getLogger().handlers:
         setup_logging(0)
     commands = {"evolve": cmd_evolve, "ensemble": cmd_ensemble, "design": cmd_design, "predict": cmd_predict,
-                "report": cmd_report, "data": cmd_data}
+                "report": cmd_report, "export": cmd_export, "data": cmd_data}
     try:
         return cmd_launch(args, argv) if args.command == "launch" else commands[args.command](args)
     except WorkerExit as exc:  # a worker rank of a job that could not start; rank 0 says why

@@ -72,6 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("dir")
     r.add_argument("--top", type=int, default=5)
 
+    x = sub.add_parser("export", help="write a network or an ensemble as one file that plain torch (or an ONNX "
+                       "runtime) runs: inputs -> class probabilities or regression outputs, as `predict` gives")
+    x.add_argument("--model", required=True, help="a run directory, a network directory or an ensemble directory")
+    x.add_argument("--format", required=True, choices=("torchscript", "pt2", "onnx"),
+                   help="torchscript (torch.jit.load), pt2 (torch.export.load) or onnx (needs onnx, onnxscript)")
+    x.add_argument("--out", required=True, help="the file to write")
+    x.add_argument("--json", action="store_true", help="print one JSON object")
+
     d = sub.add_parser("data", help="check, describe or import datasets")
     dsub = d.add_subparsers(dest="action", required=True)
     c = dsub.add_parser("check", help="validate a file fully (structure and values)")
