@@ -160,8 +160,7 @@ class EnsembleSource(JournalSource):
 
     def snapshot(self) -> Snapshot:
         ok = [r["fitness"] for r in self.records if r["status"] == Status.OK]
-        return self._snapshot(total=len(self.job.specs), best=max(ok, default=None),
-                              failures=len(self.records) - len(ok))
+        return self._snapshot(total=len(self.job.specs), best=max(ok, default=None))
 
 
 def start_workers(comm: Any, job: EnsembleJob) -> Any:
@@ -192,7 +191,6 @@ def master_build(comm: Any, job: EnsembleJob) -> dict | None:
     try:
         state = master_serve(comm, source, stop=stop_signal, lost_grace=job.config.run.lost_grace)
     finally:
-        view.clear()
         if shared is not None:
             shared.close()
     end_when_done(comm, state)

@@ -55,7 +55,6 @@ class EvolutionSource(JournalSource):
         self.inflight: dict[int, dict] = {}  # id -> what the record needs besides the result
         self.by_epoch: dict[int, list[float]] = defaultdict(list)  # epoch -> fitness of finished candidates
         self.best: dict | None = None
-        self.failures = 0
         self.top: list[tuple[float, int]] = []  # (fitness, id) of the evaluations whose weights are kept
         for r in self.records:
             self._learn(r)
@@ -111,7 +110,6 @@ class EvolutionSource(JournalSource):
     def _learn(self, record: dict) -> bool:
         """Take in one finished evaluation; True if it is the new best."""
         if record["status"] != Status.OK:  # failures and pruned candidates leave no weights worth keeping
-            self.failures += record["status"] != Status.PRUNED
             self.run.model_path(record["id"]).unlink(missing_ok=True)
             return False
         curve = record.get("curve", [])
@@ -136,8 +134,7 @@ class EvolutionSource(JournalSource):
         return None
 
     def snapshot(self) -> Snapshot:
-        return self._snapshot(total=self.budget, best=self.best["fitness"] if self.best else None,
-                              failures=self.failures)
+        return self._snapshot(total=self.budget, best=self.best["fitness"] if self.best else None)
 
 
 def check(opts: EvolveOptions) -> tuple[Config, DatasetInfo, dict]:
@@ -212,7 +209,6 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
         state = master_serve(comm, source, deadline=deadline, stop=stop_signal, lost_grace=config.run.lost_grace,
                              prefetch=None if config.run.prefetch < 0 else config.run.prefetch)
     finally:
-        view.clear()
         shared.close()
     run.prune_models([i for _, i in source.top])  # what cancelled tasks wrote before their trainers were stopped
     wall, searched = time.time() - start, source.search_seconds()

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -184,6 +185,7 @@ def _run_job(cmd: list[str], ready: Path) -> tuple[int, str | None]:
     master touches `ready` then; a rank still starting would die of it); a second signal ends the job at once. If
     this process dies, mpiexec gets SIGTERM (PR_SET_PDEATHSIG) and ends the ranks: no job trains on unattended.
     """
+    from galapagos.progress import PROGRESS_FILE, ProgressBar
     from launch.trainer import die_with_parent
 
     got: list[int] = []
@@ -191,15 +193,27 @@ def _run_job(cmd: list[str], ready: Path) -> tuple[int, str | None]:
         previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in STOP_SIGNALS}
     except ValueError:  # not the main thread: signals stay with whoever owns them
         previous = {}
+    env = {**os.environ, "GALAPAGOS_READY_FILE": str(ready)}
+    # On a terminal this process draws the progress bar from rank 0's snapshots, the ranks' output above it.
+    bar = ProgressBar(ready.with_name("progress.json")) if sys.stderr.isatty() else None
+    if bar:
+        env[PROGRESS_FILE] = str(bar.path)
     try:
         try:
-            proc = subprocess.Popen(cmd, env={**os.environ, "GALAPAGOS_READY_FILE": str(ready)},
-                                    start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+            proc = subprocess.Popen(cmd, env=env, start_new_session=True,
+                                    preexec_fn=lambda: die_with_parent(signal.SIGTERM),
+                                    **({"stdout": subprocess.PIPE, "stderr": subprocess.STDOUT, "text": True,
+                                        "bufsize": 1} if bar else {}))
         except OSError as exc:
             raise UsageError(f"cannot start {cmd[0]}: {exc.strerror} (install MPI, e.g. pip install mpich, or set "
                              "GALAPAGOS_MPIEXEC to your mpiexec)") from None
+        if bar:
+            relay = threading.Thread(target=lambda: [bar.write(text) for text in proc.stdout], daemon=True)
+            relay.start()
         passed = 0  # signals received when SIGUSR1 went on
         while proc.poll() is None:
+            if bar:
+                bar.refresh()
             if got and not passed and ready.exists():
                 log.warning("%s: stopping the run cleanly (again to end it at once)", signal.Signals(got[0]).name)
                 proc.send_signal(signal.SIGUSR1)
@@ -209,8 +223,12 @@ def _run_job(cmd: list[str], ready: Path) -> tuple[int, str | None]:
                 proc.send_signal(signal.SIGTERM)
                 passed = len(got)
             time.sleep(0.1)
+        if bar:
+            relay.join(timeout=10)
         return proc.returncode, signal.Signals(got[0]).name if got else None
     finally:
+        if bar:
+            bar.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
 

@@ -3,6 +3,7 @@ journalled the moment it arrives, the learning curve of each running task, and t
 from __future__ import annotations
 
 import time
+from collections import Counter
 
 from galapagos.progress import ProgressView, Snapshot
 from galapagos.rundir import RunDir, journal_record
@@ -21,6 +22,7 @@ class JournalSource:
         self.started = time.time()
         self.state: MasterState | None = None
         self.shown = -1
+        self.resumed = len(self.records)  # finished by earlier jobs of the run
 
     def running(self, task_id: int) -> None:
         self.curves[task_id] = []
@@ -52,12 +54,13 @@ class JournalSource:
         """After each epoch of a running task: a status to stop it with (e.g. pruned), or None to let it go on."""
         return None
 
-    def _snapshot(self, *, total: int | None, best: float | None, failures: int) -> Snapshot:
-        state = self.state
+    def _snapshot(self, *, total: int | None, best: float | None) -> Snapshot:
+        state, elapsed = self.state, time.time() - self.started
         return Snapshot(done=len(self.records), total=total, best=best, busy=state.busy if state else 0,
-                        workers=state.workers if state else 0, failures=failures,
-                        elapsed=time.time() - self.started,
-                        remaining=None if self.deadline is None else max(0.0, self.deadline - time.time()))
+                        workers=state.workers if state else 0, elapsed=elapsed,
+                        remaining=None if self.deadline is None else max(0.0, self.deadline - time.time()),
+                        by_status=dict(Counter(str(r["status"]) for r in self.records)),
+                        rate=60 * (len(self.records) - self.resumed) / max(elapsed, 1e-9))
 
     def snapshot(self) -> Snapshot:
         raise NotImplementedError

@@ -63,7 +63,8 @@ class MasterState:
 
     @property
     def busy(self) -> int:
-        return len(self.running)
+        """Workers with a task (one may also hold a queued one)."""
+        return len({rank for rank, _ in self.running.values()})
 
 
 SHORT_TASK = 1.0  # seconds: below this mean task time, dispatch latency matters and workers get a queued task

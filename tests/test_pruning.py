@@ -23,7 +23,7 @@ def make_source(tmp_path, *sets: str) -> EvolutionSource:
     problem = Problem((3, 8, 8), "classification", 4)
     run = RunDir.open(tmp_path / "run", resume=False)
     engine = Engine(config.space, problem, config.evolution)
-    return EvolutionSource(engine, config, run, problem, view=ProgressView(live=False))
+    return EvolutionSource(engine, config, run, problem, view=ProgressView())
 
 
 def task(source: EvolutionSource) -> Task:
@@ -162,7 +162,7 @@ def test_a_pruned_result_is_journalled_as_pruned(tmp_path):
     assert [r["status"] for r in records[:3]] == ["ok", "ok", "ok"]
     shown = source.snapshot()
     assert shown.done == 4
-    assert shown.failures == 0  # pruning is not a failure
+    assert shown.by_status == {"ok": 3, "pruned": 1}  # pruning is not a failure
     assert shown.best == pytest.approx(0.7)  # nor a new best
 
 
