@@ -84,10 +84,30 @@ def export(model: PathLike, out: PathLike, format: str = "torchscript") -> dict:
 
 
 def report(path: PathLike, top: int = 5) -> dict:
-    """A run directory's summary: evaluations by status, the best network, utilisation, the `top` evaluations."""
+    """What a directory amounts to, by its `kind`: a run's summary (evaluations by status, the best network,
+    utilisation, the `top` evaluations), a design's (the same and its ensemble's metrics), an ensemble's metrics."""
     from galapagos.reports import run_report
 
     return run_report(path, top)
+
+
+def results(path: PathLike, *, csv: PathLike | None = None, as_frame: bool = False) -> Any:
+    """The journal of a run or ensemble directory as a flat table: a list of dicts, one per evaluation (the
+    metrics as metric_* columns), or a pandas DataFrame (`as_frame`). With `csv`, writes the table there instead
+    and returns its number of rows."""
+    from galapagos import tables
+
+    if csv is not None:
+        return tables.write_csv(path, csv)
+    return tables.frame(path) if as_frame else tables.rows(path)
+
+
+def html_report(path: PathLike, out: PathLike, *, compare: PathLike | None = None) -> str:
+    """A self-contained HTML report of a run, design or ensemble directory (plots inline, nothing to fetch), with
+    the run `compare` (e.g. a random search) beside it; returns the file written."""
+    from galapagos.html import write_report
+
+    return str(write_report(path, out, compare=compare))
 
 
 def check_data(path: PathLike, *, values: bool = True) -> Any:

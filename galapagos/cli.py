@@ -117,7 +117,16 @@ def cmd_predict(args) -> int:
 
 
 def cmd_report(args) -> int:
-    show(format_run_report(api.report(args.dir, args.top)))
+    report = api.report(args.dir, args.top)
+    wrote = []
+    if args.csv:
+        wrote.append(f"wrote {args.csv} ({api.results(args.dir, csv=args.csv)} rows)")
+    if args.html:
+        wrote.append(f"wrote {api.html_report(args.dir, args.html, compare=args.compare)}")
+    if args.json:
+        show(json.dumps(report))
+    else:
+        show(format_run_report(report), *wrote)
     return 0
 
 

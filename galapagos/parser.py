@@ -68,9 +68,13 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("--members", type=int, help="ensemble members to train (default: ensemble.members)")
     de.set_defaults(resume=False, strategy=None)
 
-    r = sub.add_parser("report", help="summarise a run directory")
+    r = sub.add_parser("report", help="summarise a run, design or ensemble directory")
     r.add_argument("dir")
-    r.add_argument("--top", type=int, default=5)
+    r.add_argument("--top", type=int, default=5, help="the best N evaluations to list")
+    r.add_argument("--json", action="store_true", help="print one JSON object")
+    r.add_argument("--csv", metavar="FILE", help="also write the journal as a flat table: one row per evaluation")
+    r.add_argument("--html", metavar="FILE", help="also write a self-contained HTML report with plots")
+    r.add_argument("--compare", metavar="RUN", help="--html: another run (e.g. --strategy random) to plot beside")
 
     x = sub.add_parser("export", help="write a network or an ensemble as one file that plain torch (or an ONNX "
                        "runtime) runs: inputs -> class probabilities or regression outputs, as `predict` gives")

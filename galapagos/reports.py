@@ -104,14 +104,23 @@ def format_report(report: dict) -> str:
 
 
 def run_report(path: str | Path, top: int = 5) -> dict:
-    """A run directory's summary (its summary.json's timing figures included) and its `top` evaluations."""
+    """What a directory amounts to, with its `kind`: an evolution run ("run": its summary, summary.json's timing
+    figures included, and its `top` evaluations), a design ("design": the run's, and its ensemble's metrics under
+    "ensemble"), or an ensemble directory ("ensemble": its metrics)."""
+    from ensemble.store import is_ensemble
     from galapagos.config import load_config
     from galapagos.errors import RunDirError
     from galapagos.rundir import RunDir
 
+    path = Path(path)
+    if is_ensemble(path):
+        if not (path / "metrics.json").exists():
+            raise RunDirError(f"{path}: the ensemble is not built yet (no metrics.json): finish it with "
+                              "`galapagos ensemble --resume`")
+        return {"kind": "ensemble", "dir": str(path), "ensemble": json.loads((path / "metrics.json").read_text())}
     run = RunDir(path)
     if not run.journal.exists():
-        raise RunDirError(f"{path}: no results.jsonl (not a run directory)")
+        raise RunDirError(f"{path}: no results.jsonl (not a run, design or ensemble directory)")
     records = run.read_journal()
     config = load_config(run.config if run.config.exists() else None)
     summary = summarize(records, population_size=config.evolution.population_size)
@@ -122,12 +131,19 @@ def run_report(path: str | Path, top: int = 5) -> dict:
     best = sorted((r for r in records if r["fitness"] is not None), key=lambda r: -r["fitness"])[:top]
     summary["top"] = [{"id": r["id"], "fitness": r["fitness"], "status": r["status"],
                        "genome": Genome.from_json(r["genome"]).describe()} for r in best]
-    return summary
+    built = path / "ensemble" / "metrics.json"
+    if built.exists():
+        summary["ensemble"] = json.loads(built.read_text())
+    return {"kind": "design" if built.exists() else "run", "dir": str(path), **summary}
 
 
 def format_run_report(report: dict) -> str:
+    if report["kind"] == "ensemble":
+        return format_metrics(report["ensemble"])
     lines = [format_summary(report)]
     if report["top"]:
         lines.append(f"top {len(report['top'])}:")
         lines += [f"  {r['id']:>5}  {r['fitness']:.4f}  {r['status']:<6} {r['genome']}" for r in report["top"]]
+    if "ensemble" in report:
+        lines += [f"ensemble ({report['dir']}/ensemble):", format_metrics(report["ensemble"])]
     return "\n".join(lines)

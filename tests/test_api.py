@@ -46,7 +46,7 @@ def test_bad_input_raises_before_anything_is_written(tmp_path, data):
         galapagos.evolve(data, tmp_path / "run", evaluations=2, set=("train.epochs=0",))
     with pytest.raises(ValueError, match="no budget"):
         galapagos.evolve(data, tmp_path / "run")
-    with pytest.raises(ValueError, match="not a run directory"):
+    with pytest.raises(ValueError, match="not a run, design or ensemble directory"):
         galapagos.report(tmp_path)
     assert not (tmp_path / "run").exists()
 
