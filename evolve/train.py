@@ -91,10 +91,14 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, task: str
             "fitness": r2.mean().item()}
 
 
+GPU_TYPES = ("cuda", "xpu")  # NVIDIA and AMD (ROCm's torch keeps the name "cuda"), Intel (torch's XPU backend)
+
+
 def _autocast_for(device: torch.device, enabled: bool):
-    if device.type == "cuda" and enabled:
-        dtype = torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-        return dtype, (lambda: torch.autocast("cuda", dtype=dtype))
+    if device.type in GPU_TYPES and enabled:
+        bf16 = getattr(getattr(torch, device.type), "is_bf16_supported", lambda: device.type == "xpu")()
+        dtype = torch.bfloat16 if bf16 else torch.float16
+        return dtype, (lambda: torch.autocast(device.type, dtype=dtype))
     return None, (lambda: torch.autocast(device.type, enabled=False))
 
 
@@ -120,7 +124,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     set_normalization(model, **(stats or normalization_stats(xtr, ytr, problem.task)))
     model.to(device)
     amp_dtype, autocast = _autocast_for(device, config.mixed_precision)
-    scaler = torch.amp.GradScaler("cuda") if amp_dtype == torch.float16 else None
+    scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
     opt = _optimizer(genome, model.parameters())
     n = xtr.shape[0] if not config.max_train_samples else min(xtr.shape[0], config.max_train_samples)
     steps = max(1, n // genome.batch_size) * config.epochs
@@ -208,8 +212,8 @@ def device_data(ctx: Any, splits: tuple[str, ...] = ("train", "val")) -> dict:
     """The shared arrays as tensors on this child's device, made once and kept for every later task."""
     if "tensors" not in ctx.cache:
         device = torch.device(ctx.device)
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
+        if device.type in GPU_TYPES:
+            getattr(torch, device.type).set_device(device)
         moved: dict[int, torch.Tensor] = {}  # each shared array goes to the device once, though two splits use it
 
         def to_device(array):

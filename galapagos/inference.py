@@ -87,36 +87,34 @@ def predict(model_path: str | Path, data: str | Path, split: str = "test", *, sa
 def _device(comm: Any, members: int) -> str:
     """Collective: this rank's device: its GPU by node-local rank, else (several ranks) its share of the node's cores.
 
-    Ranks that the launcher already bound to disjoint cores (srun --cpu-bind, mpiexec -bind-to) keep their cores;
-    ranks that share the node's cores split them evenly, as workers do. Idle ranks (no member) get no share.
+    Ranks that the launcher already bound to disjoint cores (srun --cpu-bind, mpiexec --cpu-bind) keep their cores;
+    ranks that share the node's cores split them as workers do (launch.placement.node_placement, the one rule for
+    both). Idle ranks (no member) get no share. A GPU that this torch build cannot drive (a CPU-only build on a GPU
+    node) leaves the rank on the CPU.
     """
-    from launch.placement import place
+    from launch.placement import node_placement, place
 
     if comm is None or comm.Get_size() == 1:
         device = place(0, 1).device
     else:
         from launch.mpi import node_comm
 
-        own = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
         node = node_comm(comm)
-        active = [(r, c) for r, c in sorted(node.allgather((comm.Get_rank(), own))) if r < members]
-        node.Free()
-        ranks = [r for r, _ in active]
-        if comm.Get_rank() not in ranks:
+        try:
+            p = node_placement(node, comm.Get_rank(), comm.Get_rank() < members)
+        finally:
+            node.Free()
+        if p is None:
             return "cpu"
-        sets = [set(c) for _, c in active]
-        bound = all(a.isdisjoint(b) for i, a in enumerate(sets) for b in sets[i + 1:])
-        p = place(ranks.index(comm.Get_rank()), len(active), allowed=sorted(set().union(*sets)) or None)
         device = p.device
-        if device == "cpu" and own:
-            cores = own if bound else list(p.cores)
-            if not bound:
-                try:
-                    os.sched_setaffinity(0, cores)
-                except OSError as exc:
-                    log.warning("could not bind to cores %s: %s", cores, exc)
-            torch.set_num_threads(len(cores))
-    if device.startswith("cuda") and not torch.cuda.is_available():
+        if device == "cpu" and hasattr(os, "sched_setaffinity"):
+            try:
+                os.sched_setaffinity(0, p.cores)
+            except OSError as exc:
+                log.warning("could not bind to cores %s: %s", p.cores, exc)
+            torch.set_num_threads(p.threads)
+    backend = getattr(torch, device.partition(":")[0], None)
+    if device != "cpu" and not (backend is not None and backend.is_available()):
         device = "cpu"
     return device
 

@@ -19,7 +19,7 @@ from datashare.plan import Plan
 from datashare.share import DataShareError, Shared, share
 from datashare.shm import remove_stale
 from launch.mpi import Backoff, node_comm
-from launch.placement import Placement, place
+from launch.placement import Placement, node_placement
 from launch.protocol import EXIT_BAD_INPUT, EXIT_LOST, TAG, Setup, SetupFailed
 from launch.runtime import MasterState, TaskSource, master_serve, worker_serve
 from launch.supervisor import Supervisor
@@ -27,12 +27,10 @@ from launch.supervisor import Supervisor
 log = logging.getLogger(__name__)
 
 
-def _placement(comm: Any, node: Any) -> Placement:
-    """Collective: this rank's share of its node, counting only the worker ranks there."""
-    ranks = node.allgather(comm.rank)
-    workers = [r for r in sorted(ranks) if r != 0]
-    index = workers.index(comm.rank) if comm.rank in workers else 0
-    return place(index, max(1, len(workers)))
+def _placement(comm: Any, node: Any) -> Placement | None:
+    """Collective: this worker's share of its node (its GPU and nearest cores, or the cores the launcher bound it
+    to), counting only the worker ranks there; rank 0, the master, takes none (None)."""
+    return node_placement(node, comm.rank, comm.rank != 0)
 
 
 def master_start(comm: Any, setup: Setup | SetupFailed, data: Plan | dict[str, np.ndarray] | None = None,

@@ -12,6 +12,7 @@ from collections import deque
 from multiprocessing import Pipe
 from pathlib import Path
 
+from launch.placement import core_count
 from launch.protocol import (Cancel, Outcome, Progress, Result, Status, Stop, Task, TrainerFailed, TrainerReady,
                              TrainerSetup)
 
@@ -30,10 +31,11 @@ class Supervisor:
     """Owns one trainer child at a time and a queue of tasks for it."""
 
     def __init__(self, rank: int, task_fn: str, *, data: dict | None = None, cores: list[int] | None = None,
-                 device: str = "cpu", log_path: Path | None = None):
+                 device: str = "cpu", log_path: Path | None = None, threads: int | None = None):
         self.rank, self.host = rank, socket.gethostname()
-        self.setup = TrainerSetup(rank, task_fn, data, tuple(cores) if cores else None, device,
-                                  max(1, len(cores)) if cores else 1)
+        # torch (and OpenMP) threads: one per physical core of `cores`; hardware threads of a core share its units
+        threads = threads or (core_count(cores) if cores else 1)
+        self.setup = TrainerSetup(rank, task_fn, data, tuple(cores) if cores else None, device, threads)
         self.log_path = log_path
         self._data_fds = [data["fd"]] if data and data.get("fd") is not None else []  # the shared copy, inherited
         self.proc: subprocess.Popen | None = None

@@ -97,6 +97,8 @@ def run_one(fn: Callable, task: Task, ctx: TaskContext) -> Outcome:
 
 
 def _setup_cpu(cores: tuple[int, ...] | None, threads: int) -> None:
+    """Bind to `cores` and run `threads` torch threads: the supervisor counts physical cores, not hardware threads
+    (launch.placement.core_count), so two threads never compete for one core's units."""
     if cores:
         try:
             os.sched_setaffinity(0, cores)
@@ -104,6 +106,17 @@ def _setup_cpu(cores: tuple[int, ...] | None, threads: int) -> None:
             log.warning("could not bind to cores %s: %s", cores, exc)
     if "torch" in sys.modules:  # imported by the task function; a task that needs no torch starts faster
         sys.modules["torch"].set_num_threads(max(1, threads))
+
+
+def _usable_device(device: str) -> str:
+    """`device`, or "cpu" where this child's torch cannot drive it (a CPU-only build on a GPU node: the placement
+    reads the node, not torch). The first touch of the GPU runtime on this rank, here in the child."""
+    torch = sys.modules.get("torch")
+    backend = getattr(torch, device.partition(":")[0], None) if torch is not None and device != "cpu" else None
+    if backend is None or not hasattr(backend, "is_available") or backend.is_available():
+        return device
+    log.warning("this torch cannot use %s (built without its backend?): training on the CPU", device)
+    return "cpu"
 
 
 def die_with_parent(signum: int = signal.SIGKILL) -> None:
@@ -136,7 +149,7 @@ def main(fd: int) -> None:
     except BaseException as exc:  # noqa: BLE001 - tell the supervisor why, then die
         conn.send(TrainerFailed(f"{type(exc).__name__}: {exc}"))
         raise
-    ctx = TaskContext(conn, data, setup.device, setup.threads, setup.rank)
+    ctx = TaskContext(conn, data, _usable_device(setup.device), setup.threads, setup.rank)
     conn.send(TrainerReady(os.getpid()))
     while True:
         msg = conn.recv()
