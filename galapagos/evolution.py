@@ -141,10 +141,23 @@ def check(opts: EvolveOptions) -> tuple[Config, DatasetInfo, dict]:
     """Everything that can be checked before any rank starts: config, data file, run directory (no live run holds
     it; on --resume, its run was evolved on this same data). Returns the config, the data's info and fingerprint."""
     config = evolve_config(opts)
+    check_task(config.run.task)
     info = inspect(opts.data)
     run = RunDir.check(opts.out, resume=opts.resume)
     data = run.check_data(info, opts.data) if opts.resume else data_fingerprint(info, opts.data)
     return config, info, data
+
+
+def check_task(spec: str) -> None:
+    """run.task must name a function this Python can import (every node imports it the same way)."""
+    from launch.trainer import load_function
+
+    try:
+        fn = load_function(spec)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise UsageError(f"run.task {spec!r}: cannot be imported here: {type(exc).__name__}: {exc}") from None
+    if not callable(fn):
+        raise UsageError(f"run.task {spec!r}: not a function")
 
 
 def master(comm: Any, opts: EvolveOptions) -> dict:

@@ -74,10 +74,10 @@ def setup_logging(rank: int = 0, logfile: Path | None = None) -> None:
 
 
 def default_workers() -> int:
-    """One worker per GPU, else one per core (a share of a node for each)."""
-    from launch.placement import allowed_cores, gpu_count
+    """One worker per GPU, else one per physical core (a share of a node for each)."""
+    from launch.placement import allowed_cores, core_count, gpu_count
 
-    return gpu_count() or len(allowed_cores())
+    return gpu_count() or core_count(allowed_cores())
 
 
 def run(flow: Flow, opts: Any) -> dict | None:
