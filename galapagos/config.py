@@ -1,11 +1,11 @@
-"""The configuration of a run: the TOML file, its five sections, and how they resolve (defaults <- file <- --set
+"""The configuration of a run: the TOML file, its six sections, and how they resolve (defaults <- file <- --set
 <- command-line flags).
 
 This module owns the file and the tables only the application reads: `[run]` (budget, limits, the master's
-bookkeeping) and `[ensemble]`. The tables the algorithms take as parameters live beside them: `[space]`
-(evolve/space.py), `[evolution]` (evolve/engine.py) and `[train]` (evolve/train.py). All five share one
-validation style, evolve/settings.py's `Table`: field defaults give the types, `checks()` the ranges, and every
-error names `section.key`.
+bookkeeping), `[ensemble]` and `[report]` (experiment tracking). The tables the algorithms take as parameters live
+beside them: `[space]` (evolve/space.py), `[evolution]` (evolve/engine.py) and `[train]` (evolve/train.py). All six
+share one validation style, evolve/settings.py's `Table`: field defaults give the types, `checks()` the ranges, and
+every error names `section.key`.
 """
 from __future__ import annotations
 
@@ -91,7 +91,22 @@ class EnsembleConfig(Table):
         return self.task_timeout or run_timeout * self.member_epochs(train_epochs) / train_epochs
 
 
-SECTIONS = {table.section: table for table in (SearchSpace, EvolutionConfig, TrainConfig, RunConfig, EnsembleConfig)}
+@dataclass(frozen=True)
+class ReportConfig(Table):
+    """The `[report]` table: experiment tracking of every finished evaluation, where the package is installed."""
+
+    section = "report"
+
+    tensorboard: bool = False  # event files in OUT/tensorboard (needs the tensorboard package)
+    mlflow_uri: str = ""  # an MLflow tracking URI (http://host:5000, databricks, ...); "" = no MLflow
+    mlflow_experiment: str = "galapagos"
+
+    def checks(self) -> list[Check]:
+        return [("mlflow_experiment", bool(self.mlflow_experiment.strip()), "a name")]
+
+
+SECTIONS = {table.section: table for table in (SearchSpace, EvolutionConfig, TrainConfig, RunConfig, EnsembleConfig,
+                                                 ReportConfig)}
 
 
 @dataclass(frozen=True)
@@ -101,6 +116,7 @@ class Config:
     train: TrainConfig
     run: RunConfig
     ensemble: EnsembleConfig
+    report: ReportConfig
 
     @classmethod
     def from_dict(cls, d: dict) -> "Config":

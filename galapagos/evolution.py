@@ -31,6 +31,7 @@ from galapagos.progress import ProgressView, Snapshot
 from galapagos.reports import summarize
 from galapagos.rundir import RunDir
 from galapagos.sources import JournalSource
+from galapagos.tracking import Tracker, check_tracking
 from launch.protocol import Result, Setup, Status, Task
 from launch.runtime import master_serve, stop_signal
 from launch.session import master_start
@@ -48,8 +49,9 @@ class EvolutionSource(JournalSource):
 
     def __init__(self, engine: Engine, config: Config, run: RunDir, problem: Problem, *,
                  deadline: float | None = None, view: ProgressView | None = None, records: list[dict] = (),
-                 spent: float = 0.0):
+                 spent: float = 0.0, tracker: Tracker | None = None):
         super().__init__(run, records, view=view, deadline=deadline)
+        self.tracker = tracker  # experiment tracking ([report]), if any
         self.spent = spent  # search seconds of the run's earlier jobs
         self.engine, self.config, self.run, self.problem = engine, config, run, problem
         self.inflight: dict[int, dict] = {}  # id -> what the record needs besides the result
@@ -101,6 +103,8 @@ class EvolutionSource(JournalSource):
             self.run.model_path(r.id).unlink(missing_ok=True)
             return
         self.engine.tell(r.id, r.fitness, r.status)
+        if self.tracker is not None:
+            self.tracker.log(record)
         if self._learn(record):
             self.run.save_best(record, {"problem": self.problem.to_dict(), "describe":
                                         Genome.from_json(record["genome"]).describe()})
@@ -142,6 +146,7 @@ def check(opts: EvolveOptions) -> tuple[Config, DatasetInfo, dict]:
     it; on --resume, its run was evolved on this same data). Returns the config, the data's info and fingerprint."""
     config = evolve_config(opts)
     check_task(config.run.task)
+    check_tracking(config.report)
     info = inspect(opts.data)
     run = RunDir.check(opts.out, resume=opts.resume)
     data = run.check_data(info, opts.data) if opts.resume else data_fingerprint(info, opts.data)
@@ -200,8 +205,9 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
     # The time budget counts the search time of every job of the run, not only this one's.
     deadline = start + 60 * config.run.budget_minutes - spent if config.run.budget_minutes else None
     view = ProgressView()
+    tracker = Tracker.open(config.report, run.path, run.path.name)
     source = EvolutionSource(engine, config, run, problem, deadline=deadline, view=view, records=records,
-                             spent=spent)
+                             spent=spent, tracker=tracker)
     if records:
         log.info("resuming %s: %d evaluation(s) already done in %.0f s of search", run.path, len(records), spent)
     if deadline is not None and deadline <= start:
@@ -223,6 +229,8 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
                              prefetch=None if config.run.prefetch < 0 else config.run.prefetch)
     finally:
         shared.close()
+        if tracker is not None:
+            tracker.close()
     run.prune_models([i for _, i in source.top])  # what cancelled tasks wrote before their trainers were stopped
     wall, searched = time.time() - start, source.search_seconds()
     run.record_seconds(searched)

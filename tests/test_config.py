@@ -36,11 +36,11 @@ def test_errors_name_the_key(sets, key):
         load_config(None, sets)
 
 
-# --- one validation style for all five tables (evolve.settings.Table) ---
+# --- one validation style for all six tables (evolve.settings.Table) ---
 BAD_TYPE = {"space": ("max_layers", "ten"), "evolution": ("seed", "abc"), "train": ("epochs", 2.5),
-            "run": ("readers", "all"), "ensemble": ("strategy", 3)}
+            "run": ("readers", "all"), "ensemble": ("strategy", 3), "report": ("mlflow_uri", 5)}
 OUT_OF_RANGE = {"space": ("max_params", 0), "evolution": ("crossover_prob", 1.5), "train": ("eval_batch_size", 0),
-                "run": ("chunk_mib", 4096), "ensemble": ("init", 0)}
+                "run": ("chunk_mib", 4096), "ensemble": ("init", 0), "report": ("mlflow_experiment", " ")}
 
 
 @pytest.mark.parametrize("section", sorted(SECTIONS))
