@@ -191,6 +191,7 @@ def master_build(comm: Any, job: EnsembleJob) -> dict | None:
     try:
         state = master_serve(comm, source, stop=stop_signal, lost_grace=job.config.run.lost_grace)
     finally:
+        job.out.close()
         if shared is not None:
             shared.close()
     end_when_done(comm, state)

@@ -229,6 +229,7 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
                              prefetch=None if config.run.prefetch < 0 else config.run.prefetch)
     finally:
         shared.close()
+        run.close()
         if tracker is not None:
             tracker.close()
     run.prune_models([i for _, i in source.top])  # what cancelled tasks wrote before their trainers were stopped

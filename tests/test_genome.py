@@ -14,7 +14,7 @@ import sys
 import pytest
 import torch
 
-from evolve.build import build_model, check_genome, count_params, set_normalization
+from evolve.build import _repair, build_model, check_genome, count_params, set_normalization
 from evolve.errors import ConfigError, InvalidGenome
 from evolve.genome import Gene, Genome
 from evolve.problem import Problem
@@ -404,3 +404,48 @@ def test_lr_in_space_range():
         assert space.lr[0] * 0.999 <= g.lr <= space.lr[1] * 1.001
         assert g.weight_decay == 0 or space.weight_decay[0] * 0.999 <= g.weight_decay <= space.weight_decay[1] * 1.001
         assert not math.isnan(g.lr)
+
+
+def _built_params(genome: Genome, problem: Problem) -> int | None:
+    """The oracle: the module built on the meta device and run forward; None where it does not build or run."""
+    try:
+        with torch.device("meta"):
+            model = build_model(genome, problem)
+        with torch.no_grad():
+            out = model.eval()(torch.empty((2, *problem.sample_shape), device="meta"))
+    except (InvalidGenome, RuntimeError, ValueError):
+        return None
+    assert tuple(out.shape) == (2, problem.num_outputs)
+    return sum(p.numel() for p in model.parameters())
+
+
+@pytest.mark.parametrize("problem", PROBLEMS, ids=lambda p: f"{p.task[:5]}{len(p.sample_shape) - 1}d")
+def test_counted_parameters_match_the_built_network(problem):
+    """count_params (shape arithmetic, what the master runs per candidate) against the real module, on random
+    genomes as the space makes them, unrepaired (so some cannot build) and repaired."""
+    rng, space, refused = random.Random(7), SearchSpace(), 0
+    for _ in range(150):
+        raw = space.random_genome(rng, problem)
+        for genome in (raw, _repair(raw, problem, space)):
+            built = _built_params(genome, problem)
+            if built is None:
+                refused += 1
+                with pytest.raises(InvalidGenome):
+                    count_params(genome, problem)
+            else:
+                assert count_params(genome, problem) == built, genome.describe()
+    assert refused < 150  # most genomes build
+
+
+@pytest.mark.parametrize("layers, shape, words", [
+    ((Gene("pool", op="max", size=4), Gene("pool", op="max", size=4)), (1, 8, 8), "would shrink spatial size"),
+    ((Gene("dense", units=8, act="relu"), Gene("conv", channels=4, kernel=3, stride=1, act="relu")), (1, 8),
+     "needs spatial axes but comes after the head"),
+    ((Gene("conv", channels=4, kernel=3, stride=1, act="relu"),), (5,), "needs spatial axes"),
+])
+def test_genomes_that_cannot_build_are_refused_as_the_module_refuses_them(layers, shape, words):
+    genome = example_genome().replace(layers=layers)
+    problem = Problem(shape, "classification", 3)
+    assert _built_params(genome, problem) is None
+    with pytest.raises(InvalidGenome, match=words):
+        count_params(genome, problem)
