@@ -94,6 +94,16 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, task: str
 GPU_TYPES = ("cuda", "xpu")  # NVIDIA and AMD (ROCm's torch keeps the name "cuda"), Intel (torch's XPU backend)
 
 
+# Batches between looks at the summed training loss. Each look waits for the device (a host sync); once a batch,
+# it kept the CPU from queueing work ahead of a GPU. A diverged candidate is caught at most this many batches late.
+FINITE_EVERY = 64
+
+
+def _check_finite(total: torch.Tensor, epoch: int, batches: int) -> None:
+    if not torch.isfinite(total):
+        raise NonFiniteLoss(f"training loss is {total.item()} by epoch {epoch}, batch {batches}")
+
+
 def _autocast_for(device: torch.device, enabled: bool):
     if device.type in GPU_TYPES and enabled:
         bf16 = getattr(getattr(torch, device.type), "is_bf16_supported", lambda: device.type == "xpu")()
@@ -102,11 +112,15 @@ def _autocast_for(device: torch.device, enabled: bool):
     return None, (lambda: torch.autocast(device.type, enabled=False))
 
 
-def _optimizer(genome: Genome, params) -> torch.optim.Optimizer:
+def _optimizer(genome: Genome, params, device: torch.device) -> torch.optim.Optimizer:
+    """The genome's optimiser; on CUDA devices the fused kernels (one launch per step for all parameters:
+    https://docs.pytorch.org/docs/stable/optim.html, "fused")."""
+    fused = {"fused": True} if device.type == "cuda" else {}
     if genome.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=genome.lr, momentum=0.9, nesterov=True, weight_decay=genome.weight_decay)
+        return torch.optim.SGD(params, lr=genome.lr, momentum=0.9, nesterov=True, weight_decay=genome.weight_decay,
+                               **fused)
     cls = torch.optim.AdamW if genome.optimizer == "adamw" else torch.optim.Adam
-    return cls(params, lr=genome.lr, weight_decay=genome.weight_decay)
+    return cls(params, lr=genome.lr, weight_decay=genome.weight_decay, **fused)
 
 
 def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torch.Tensor, torch.Tensor]],
@@ -125,7 +139,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     model.to(device)
     amp_dtype, autocast = _autocast_for(device, config.mixed_precision)
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
-    opt = _optimizer(genome, model.parameters())
+    opt = _optimizer(genome, model.parameters(), device)
     n = xtr.shape[0] if not config.max_train_samples else min(xtr.shape[0], config.max_train_samples)
     steps = max(1, n // genome.batch_size) * config.epochs
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=genome.lr, total_steps=steps, pct_start=0.15)
@@ -138,7 +152,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     for epoch in range(1, config.epochs + 1):
         model.train()
         order = torch.randperm(xtr.shape[0], generator=gen)[:n].to(device)
-        total, batches = 0.0, 0
+        total, batches = torch.zeros((), device=device), 0  # summed on the device: no host sync per batch
         for i in range(0, n, genome.batch_size):
             idx = order[i:i + genome.batch_size]
             if idx.numel() < 2:
@@ -150,8 +164,6 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                     loss = F.cross_entropy(out.float(), yb)
                 else:
                     loss = F.mse_loss((out.float() - y_mean) / y_std, (yb - y_mean) / y_std)
-            if not torch.isfinite(loss):
-                raise NonFiniteLoss(f"loss is {loss.item()} at epoch {epoch}, batch {batches}")
             opt.zero_grad(set_to_none=True)
             if scaler is not None:
                 scaler.scale(loss).backward()
@@ -167,9 +179,12 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                 opt.step()
             if sched.last_epoch + 1 < steps:
                 sched.step()
-            total += loss.item()
+            total += loss.detach()
             batches += 1
-        metrics = {"epoch": epoch, "train_loss": total / max(batches, 1),
+            if batches % FINITE_EVERY == 0:
+                _check_finite(total, epoch, batches)
+        _check_finite(total, epoch, batches)
+        metrics = {"epoch": epoch, "train_loss": total.item() / max(batches, 1),
                    **evaluate(model, xva, yva, problem.task, config.eval_batch_size, autocast)}
         if not math.isfinite(metrics["fitness"]):
             raise NonFiniteLoss(f"validation score is {metrics['fitness']} at epoch {epoch}")
