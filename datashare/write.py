@@ -17,8 +17,9 @@ from typing import Mapping, Sequence
 import h5py
 import numpy as np
 
-from .format import (FORMAT_VERSION, SPLITS, TASKS, DatasetInfo, check_task, check_values, check_x, check_y,
-                     data_error, dtype_name, inspect_file, shape_str, validate, y_dtype)
+from . import mistakes
+from .format import (FORMAT_VERSION, SPLITS, TASKS, DataError, DatasetInfo, check_task, check_values, check_x,
+                     check_y, data_error, dtype_name, inspect_file, shape_str, validate, y_dtype)
 
 log = logging.getLogger(__name__)
 
@@ -116,12 +117,18 @@ def _npz_x(fname: str, key: str, x: np.ndarray) -> np.ndarray:
 
 def import_npz(npz_path: str | os.PathLike, out_path: str | os.PathLike, *, task: str | None = None,
                num_classes: int | None = None, name: str | None = None, description: str | None = None,
-               target_names: Sequence[str] | None = None, overwrite: bool = False) -> DatasetInfo:
+               target_names: Sequence[str] | None = None, overwrite: bool = False,
+               channels_last: bool | None = None, relabel: bool = False) -> DatasetInfo:
     """Convert a .npz (x_train, y_train and optional x_val/y_val, x_test/y_test) into the format.
 
     The task is inferred from the labels unless given: integers mean classification with max label + 1
     classes, floats mean regression; (N,) inputs or regression targets become (N, 1); float64 inputs become
     float32. The output is written atomically and validated; an existing output file is kept unless `overwrite`.
+
+    Layout mistakes are refused with the fix rather than guessed (datashare.mistakes): samples that look
+    channels-last (`channels_last=True` moves the last axis first, False keeps them as they are), labels that
+    start at 1 or skip values (`relabel` maps the distinct labels to 0..K-1; `num_classes` keeps them), and
+    hundreds of distinct integer targets when the task was only inferred. A strong class imbalance is a warning.
     """
     src = str(npz_path)
     p = Path(src)
@@ -140,6 +147,7 @@ def import_npz(npz_path: str | os.PathLike, out_path: str | os.PathLike, *, task
     extra = sorted(set(raw) - known)
     if extra:
         log.warning("%s: ignoring arrays %s", src, extra)
+    task_given = task
     if task is not None and task not in TASKS:
         raise data_error(src, "/", f"task must be one of {', '.join(TASKS)}, got {task!r}")
 
@@ -157,11 +165,17 @@ def import_npz(npz_path: str | os.PathLike, out_path: str | os.PathLike, *, task
                 raise data_error(src, f"y_{s}", f"dtype {pairs[s][1].dtype} disagrees with y_train dtype "
                                            f"{pairs['train'][1].dtype}; pass task= explicitly")
 
+    suspect = mistakes.channels_last(f"{src}: x_train", pairs["train"][0].shape[1:])
+    if suspect and channels_last is None:
+        raise DataError(suspect)
+    inferred = task_given is None
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for s, (x, y) in pairs.items():
         x = _npz_x(src, f"x_{s}", x)
         if x.ndim == 1:
             x = x.reshape(-1, 1)
+        if channels_last and x.ndim >= 3:
+            x = np.ascontiguousarray(np.moveaxis(x, -1, 1))
         if task == "classification":
             if y.ndim == 2 and y.shape[1] == 1:
                 y = y.reshape(-1)
@@ -184,6 +198,18 @@ def import_npz(npz_path: str | os.PathLike, out_path: str | os.PathLike, *, task
                 y = y.reshape(-1, 1)
         out[s] = (x, y)
 
+    if task == "classification":
+        labels = np.unique(np.concatenate([y for _, y in out.values()]))
+        if inferred and (why := mistakes.many_classes(f"{src}: y", labels)):
+            raise DataError(why)
+        if relabel:
+            out = {s: (x, np.searchsorted(labels, y).astype(np.int64)) for s, (x, y) in out.items()}
+            labels = np.arange(labels.size)
+        elif num_classes is None and (why := mistakes.label_gaps(f"{src}: y", labels)):
+            raise DataError(why)
+        counts = dict(zip(*np.unique(out["train"][1], return_counts=True)))
+        if why := mistakes.imbalance(f"{src}: y_train", {int(k): int(v) for k, v in counts.items()}):
+            log.warning("%s", why)
     if task == "classification" and num_classes is None:
         num_classes = max(int(y.max()) for _, y in out.values()) + 1
         if num_classes < 2:

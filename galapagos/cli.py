@@ -144,13 +144,18 @@ def cmd_export(args) -> int:
 def cmd_data(args) -> int:
     from datashare import format as fmt
 
+    from datashare.mistakes import review
+
     if args.action == "check":
-        show(f"{args.file}: OK", fmt.describe(api.check_data(args.file)))
+        info = api.check_data(args.file)
+        show(f"{args.file}: OK", fmt.describe(info))
+        for warning in review(args.file, info):
+            print(f"galapagos data check: warning: {warning}", file=sys.stderr)
     elif args.action == "info":
         show(fmt.describe(api.check_data(args.file, values=False)))
     else:
         info = api.import_data(args.file, args.out, task=args.task, num_classes=args.num_classes, name=args.name,
-                               overwrite=args.force)
+                               overwrite=args.force, channels_last=args.channels_last, relabel=args.relabel)
         show(f"wrote {args.out}", fmt.describe(info))
     return 0
 

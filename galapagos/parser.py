@@ -97,6 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("--num-classes", type=int)
     im.add_argument("--name")
     im.add_argument("--force", action="store_true", help="replace the output file if it exists")
+    layout = im.add_mutually_exclusive_group()
+    layout.add_argument("--channels-last", dest="channels_last", action="store_const", const=True,
+                        help="samples are (..., C): move the channel axis first, as Galapagos reads them")
+    layout.add_argument("--channels-first", dest="channels_last", action="store_const", const=False,
+                        help="samples are channels-first already, though their last axis is 1, 3 or 4")
+    im.add_argument("--relabel", action="store_true", help="map the distinct class labels to 0..K-1 (1-based "
+                    "labels, or labels with gaps)")
 
     _add_launch(sub)
     return p
