@@ -21,8 +21,11 @@ from tests.mpirun import describe_run, run_mpi
 from tests.test_evolve_run import galapagos
 
 # MPI vs one process: members run float32 forward passes whose rounding may depend on each rank's thread count;
-# the averaging itself differs only in float64 summation order.
-RTOL, ATOL = 1e-5, 1e-6
+# the averaging itself differs only in float64 summation order. On a GPU, kernels (TF32 convolutions, algorithms
+# picked per batch shape) round differently for other batch sizes and devices: the tolerance of float32 work there.
+ON_GPU = torch.cuda.is_available()
+RTOL, ATOL = (2e-3, 2e-4) if ON_GPU else (1e-5, 1e-6)
+EXACT = ATOL if ON_GPU else 1e-12  # the same outputs averaged by two formulas
 # Unequal weights, and one member trained but not picked (weight 0): it must not count anywhere.
 SHAPES_WEIGHTS = [0.4, 0.25, 0.0, 0.2, 0.1, 0.05]
 
@@ -53,13 +56,16 @@ def member_outputs(ens: Path, data: Path, split: str, batch: int) -> tuple[np.nd
     batch size: float32 kernels may round differently for other batch shapes)."""
     from datashare.format import load
 
+    from galapagos.inference import _device
+
     manifest = load_manifest(ens)
     _, splits = load(data, (split,))
     x, y = splits[split]
+    device = _device(None, len(manifest.used))  # where predict_ensemble runs them in one process
     outs = []
     for m in manifest.used:
-        model, _, problem = load_network(member_dir(ens, m.name))
-        outs.append(predict_outputs(model, x, problem, batch=batch))
+        model, _, problem = load_network(member_dir(ens, m.name), device)
+        outs.append(predict_outputs(model, x, problem, batch=batch, device=device))
     return np.stack(outs).astype(np.float64), y, manifest.used
 
 
@@ -90,8 +96,8 @@ def test_classification_average_in_one_process(shapes_ens, tmp_path):
     w = np.array([m.weight for m in used])
     mean = np.tensordot(w, outs, 1)
     saved, attrs = read_h5(tmp_path / "p.h5")
-    np.testing.assert_allclose(saved["probabilities"], mean, rtol=0, atol=1e-12)
-    np.testing.assert_array_equal(saved["member_probabilities"], outs.astype(np.float32))
+    np.testing.assert_allclose(saved["probabilities"], mean, rtol=0, atol=EXACT)
+    np.testing.assert_allclose(saved["member_probabilities"], outs.astype(np.float32), rtol=0, atol=EXACT)
     np.testing.assert_array_equal(saved["y"], y)
     entropy = -(mean * np.log(mean)).sum(1)
     member_entropy = np.tensordot(w, -(outs * np.log(outs)).sum(2), 1)
@@ -113,7 +119,7 @@ def test_classification_average_in_one_process(shapes_ens, tmp_path):
         got = res["members"][m.name]
         assert got["weight"] == m.weight
         for k in ("accuracy", "nll", "ece"):
-            assert got[k] == pytest.approx(alone[k], abs=1e-6)
+            assert got[k] == pytest.approx(alone[k], abs=max(ATOL, 1e-6))
     assert len({round(res["members"][m.name]["nll"], 6) for m in used}) == len(used)  # members really differ
 
 
@@ -125,10 +131,10 @@ def test_regression_average_in_one_process(cosmo_ens, tmp_path):
     mean = np.tensordot(w, outs, 1)
     std = np.sqrt(np.tensordot(w, (outs - mean) ** 2, 1))
     saved, attrs = read_h5(tmp_path / "p.h5")
-    np.testing.assert_allclose(saved["predictions"], mean, atol=1e-9)
-    np.testing.assert_allclose(saved["std"], std, atol=1e-6)
+    np.testing.assert_allclose(saved["predictions"], mean, atol=max(EXACT, 1e-9))
+    np.testing.assert_allclose(saved["std"], std, atol=max(EXACT, 1e-6))
     assert saved["std"].shape == (36, 2) and (saved["std"] > 0).all()
-    np.testing.assert_array_equal(saved["member_predictions"], outs.astype(np.float32))
+    np.testing.assert_allclose(saved["member_predictions"], outs.astype(np.float32), rtol=0, atol=EXACT)
     assert list(attrs["target_names"]) == list(cosmoflow.TARGET_NAMES)
 
     expected = regression_metrics(mean, y, list(cosmoflow.TARGET_NAMES))
@@ -191,7 +197,8 @@ def test_mpi_without_member_outputs(shapes_ens, tmp_path):
     ref = predict_ensemble(ens, data, "test", save=tmp_path / "one.h5")
     res = _mpi_predict(2, ens, data, tmp_path / "mpi.h5", "--no-member-outputs")
     assert "members" not in res
-    assert res["nll"] == pytest.approx(ref["nll"], rel=RTOL) and res["accuracy"] == ref["accuracy"]
+    assert res["nll"] == pytest.approx(ref["nll"], rel=RTOL)
+    assert res["accuracy"] == pytest.approx(ref["accuracy"], abs=0.02 if ON_GPU else 0)  # a sample on a boundary
     assert res["uncertainty"] == pytest.approx(ref["uncertainty"], rel=RTOL)
     a, _ = read_h5(tmp_path / "mpi.h5")
     b, _ = read_h5(tmp_path / "one.h5")
