@@ -105,6 +105,7 @@ class Engine:
             maxlen=self.config.population_size
         )
         self._best: tuple[int, Genome, float] | None = None
+        self._seeds: collections.deque[Genome] = collections.deque()  # asked first (warm start)
 
     # --- state ---
     @property
@@ -138,9 +139,25 @@ class Engine:
         """A pending candidate by id."""
         return self._pending[candidate_id]
 
+    def seed(self, genomes: Iterable[Genome]) -> int:
+        """Warm start: checked (and repaired) for this problem, these genomes are asked first, in order, in place
+        of random ones; those that cannot build or repeat one seen are skipped. Returns how many were queued."""
+        queued = 0
+        for genome in genomes:
+            try:
+                genome = check_genome(genome, self.problem, self.space)
+            except InvalidGenome as e:
+                log.warning("seed genome skipped: %s", e)
+                continue
+            if genome.key not in self._seen and all(genome.key != g.key for g in self._seeds):
+                self._seeds.append(genome)
+                queued += 1
+        return queued
+
     # --- ask / tell ---
     def ask(self) -> Candidate:
-        """The next candidate to evaluate: random until ``population_size`` have been asked, then bred."""
+        """The next candidate to evaluate: the seed genomes first, then random until ``population_size`` have
+        been asked, then bred."""
         cid = self._next_id
         rng = random.Random(f"galapagos:{self.config.seed}:{cid}")
         random_phase = (
@@ -148,8 +165,11 @@ class Engine:
             or self.num_told + len(self._pending) < self.config.population_size
             or not self._population
         )
-        bred = None if random_phase else self._breed(rng)
-        genome, parents, origin = bred if bred is not None else (self._random(rng), (), "random")
+        if self._seeds:
+            genome, parents, origin = self._seeds.popleft(), (), "seed"
+        else:
+            bred = None if random_phase else self._breed(rng)
+            genome, parents, origin = bred if bred is not None else (self._random(rng), (), "random")
         candidate = Candidate(id=cid, genome=genome, parents=parents, origin=origin)
         self._next_id += 1
         self._pending[cid] = candidate

@@ -19,14 +19,15 @@ PathLike = str | Path
 
 def evolve(data: PathLike, out: PathLike, *, config: PathLike | None = None, set: tuple[str, ...] = (),
            evaluations: int | None = None, budget_minutes: float | None = None, workers: int | None = None,
-           strategy: str | None = None, resume: bool = False) -> dict | None:
+           strategy: str | None = None, resume: bool = False, seed_from: PathLike | None = None) -> dict | None:
     """Evolve networks for the HDF5 dataset `data` into the run directory `out`.
 
     `set` overrides config values ("train.epochs=4"); give a budget (`evaluations` or `budget_minutes`) here or
-    in the config. Returns the run's summary (as in summary.json) with `run`, `best_dir` and `finished`.
+    in the config; `seed_from` (a run directory, or a JSON file of genomes) starts the population from known
+    genomes. Returns the run's summary (as in summary.json) with `run`, `best_dir` and `finished`.
     """
     return run("evolve", EvolveOptions(str(data), str(out), _str(config), tuple(set), evaluations, budget_minutes,
-                                       workers, strategy, resume))
+                                       workers, strategy, resume, seed_from=_str(seed_from)))
 
 
 def design(data: PathLike, out: PathLike, *, config: PathLike | None = None, set: tuple[str, ...] = (),

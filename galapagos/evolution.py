@@ -6,11 +6,13 @@ directory's lock while it runs, and takes its time budget from what the earlier 
 from __future__ import annotations
 
 import bisect
+import json
 import logging
 import random
 import statistics
 import time
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 from datashare.format import DatasetInfo, inspect
@@ -143,14 +145,52 @@ class EvolutionSource(JournalSource):
 
 def check(opts: EvolveOptions) -> tuple[Config, DatasetInfo, dict]:
     """Everything that can be checked before any rank starts: config, data file, run directory (no live run holds
-    it; on --resume, its run was evolved on this same data). Returns the config, the data's info and fingerprint."""
+    it; on --resume, its run was evolved on this same data), seed genomes. Returns the config, the data's info and
+    fingerprint."""
     config = evolve_config(opts)
     check_task(config.run.task)
     check_tracking(config.report)
+    if opts.seed_from:
+        if opts.resume:
+            raise UsageError("--seed-from with --resume: the run's population was seeded when it started")
+        seed_genomes(opts.seed_from, config.evolution.population_size)
     info = inspect(opts.data)
     run = RunDir.check(opts.out, resume=opts.resume)
     data = run.check_data(info, opts.data) if opts.resume else data_fingerprint(info, opts.data)
     return config, info, data
+
+
+def seed_genomes(source: str, limit: int) -> list[Genome]:
+    """Warm start genomes: the best `limit` distinct genomes of a run directory, or a JSON file of genomes (a list,
+    {"genomes": [...]}, or one genome such as a best/genome.json)."""
+    path = Path(source)
+    if RunDir(path).journal.exists():
+        ranked = sorted((r for r in RunDir(path).read_journal() if r["status"] == "ok" and r["fitness"] is not None),
+                        key=lambda r: -r["fitness"])
+        keys, raw = set(), []
+        for r in ranked:
+            if r["key"] not in keys and len(raw) < limit:
+                keys.add(r["key"])
+                raw.append(r["genome"])
+        if not raw:
+            raise UsageError(f"--seed-from {source}: the run has no successful evaluation to start from")
+    elif path.is_file():
+        try:
+            loaded = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise UsageError(f"--seed-from {source}: not a JSON file of genomes: {exc}") from None
+        raw = loaded.get("genomes", [loaded]) if isinstance(loaded, dict) else loaded
+        if not isinstance(raw, list) or not raw:
+            raise UsageError(f"--seed-from {source}: expected a list of genomes, {{\"genomes\": [...]}} or one genome")
+    else:
+        raise UsageError(f"--seed-from {source}: no such run directory (results.jsonl) or JSON file")
+    genomes = []
+    for i, g in enumerate(raw):
+        try:
+            genomes.append(Genome.from_json(g))
+        except (InvalidGenome, TypeError, ValueError) as exc:
+            raise UsageError(f"--seed-from {source}: genome {i}: {exc}") from None
+    return genomes
 
 
 def check_task(spec: str) -> None:
@@ -198,6 +238,9 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
         engine = Engine(config.space, problem, config.evolution)
         if records:
             engine.replay(records)
+        elif opts.seed_from:
+            seeded = engine.seed(seed_genomes(opts.seed_from, config.evolution.population_size))
+            log.info("the population starts from %d genome(s) of %s", seeded, opts.seed_from)
         plan, memory, info = dataset_plan(opts.data, ("train", "val"), val_fraction=config.run.val_fraction,
                                           seed=config.run.seed, chunk_bytes=config.run.chunk_mib << 20,
                                           readers=config.run.readers or "node")
@@ -226,7 +269,7 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
     serve_start = time.time()
     try:
         state = master_serve(comm, source, deadline=deadline, stop=stop_signal, lost_grace=config.run.lost_grace,
-                             prefetch=None if config.run.prefetch < 0 else config.run.prefetch)
+                             prefetch=prefetch(config.run.prefetch, comm.size - 1))
     finally:
         shared.close()
         run.close()
@@ -253,6 +296,15 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
     if source.best is None and not stopped:
         raise NoResult(result)
     return result
+
+
+def prefetch(setting: int, workers: int) -> int | None:
+    """Tasks queued on a worker beyond its running one (None: the runtime decides by task length). One worker gets
+    none by default: each child is then bred knowing every earlier result, whatever the timing, so a run with a
+    fixed seed and one worker repeats its sequence of genomes."""
+    if setting >= 0:
+        return setting
+    return 0 if workers == 1 else None
 
 
 def salvage(opts: EvolveOptions, code: int) -> dict | None:

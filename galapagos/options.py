@@ -40,6 +40,7 @@ class EvolveOptions(_Options):
     strategy: str | None = None
     resume: bool = False
     members: int | None = None
+    seed_from: str | None = None  # a run directory or a JSON file of genomes that start the population
 
 
 @dataclass(frozen=True)

@@ -24,6 +24,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "or core)")
     e.add_argument("--strategy", choices=["evolution", "random"])
     e.add_argument("--resume", action="store_true", help="continue the run in --out from its results.jsonl")
+    e.add_argument("--seed-from", metavar="RUN|FILE", help="warm start: the population starts from the best "
+                   "genomes of an earlier run, or from a JSON file of genomes")
 
     pr = sub.add_parser("predict", help="score a saved network or an ensemble on a split of a dataset")
     pr.add_argument("--model", required=True, help="a run's best/ directory (or the run directory), or an "

@@ -211,3 +211,17 @@ def test_existing_run_is_not_overwritten(shapes_file, tmp_path):
     proc = galapagos("evolve", "--data", shapes_file, "--out", out, "--evaluations", 2)
     assert proc.returncode == 2 and "already holds a run" in proc.stderr
     assert (out / "results.jsonl").read_text() == '{"id": 0}\n'
+
+
+def test_one_worker_and_a_fixed_seed_repeat_the_search(shapes_file, tmp_path):
+    """The same seed and one worker: the same genomes in the same order, with the same fitness (CPU)."""
+    runs = []
+    for i in range(2):
+        out = tmp_path / f"run{i}"
+        proc = galapagos("evolve", "--data", shapes_file, "--out", out, "--evaluations", 10, "--workers", 1,
+                         *SMALL, "--set", "run.seed=3", "--set", "evolution.seed=3", timeout=300)
+        assert proc.returncode == 0, proc.stderr
+        runs.append([json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()])
+    assert [(r["id"], r["key"], r["parents"]) for r in runs[0]] == [(r["id"], r["key"], r["parents"]) for r in runs[1]]
+    assert [r["fitness"] for r in runs[0]] == [r["fitness"] for r in runs[1]]
+    assert any(r["origin"] != "random" for r in runs[0])  # bred children too, not only the random population
