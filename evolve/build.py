@@ -7,6 +7,7 @@ The built model carries its own input (and, for regression, target) normalisatio
 from __future__ import annotations
 
 import functools
+import importlib
 import math
 from typing import Any, Sequence
 
@@ -18,7 +19,8 @@ from .genome import DENSE_PART_TYPES, SPATIAL_TYPES, Gene, Genome
 from .problem import Problem
 from .space import SearchSpace, spatial_shape_after
 
-__all__ = ["GenomeNet", "build_model", "check_genome", "count_params", "set_normalization"]
+__all__ = ["BuiltNet", "GenomeNet", "Normalized", "build_model", "check_genome", "count_params", "load_builder",
+           "set_normalization"]
 
 _ACTIVATIONS = {
     "relu": nn.ReLU,
@@ -94,17 +96,58 @@ class GlobalPool(nn.Module):
         return self.op
 
 
-class GenomeNet(nn.Module):
-    """The network a genome describes: normalise input -> spatial part -> head -> dense part -> output layer.
+class Normalized(nn.Module):
+    """What every Galapagos network carries: inputs normalised, regression outputs put back in target units.
 
     Buffers ``x_mean``/``x_std`` (per channel, or per feature for tabular data) and, for regression,
     ``y_mean``/``y_std`` (per target) are part of the state_dict; fill them with :func:`set_normalization`.
+    Subclasses compute `body(x)` on normalised inputs.
     """
 
-    def __init__(self, genome: Genome, problem: Problem) -> None:
+    def __init__(self, problem: Problem) -> None:
         super().__init__()
-        self.genome = genome
         self.problem = problem
+        self._stat_shape = (1, problem.channels) + (1,) * problem.spatial_dims
+        self.register_buffer("x_mean", torch.zeros(problem.channels))
+        self.register_buffer("x_std", torch.ones(problem.channels))
+        self.regression = problem.task == "regression"
+        if self.regression:
+            self.register_buffer("y_mean", torch.zeros(problem.num_outputs))
+            self.register_buffer("y_std", torch.ones(problem.num_outputs))
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dim() != len(self._stat_shape) or x.shape[1] != self._stat_shape[1]:
+            raise ValueError(
+                f"expected input of shape (N, {', '.join(map(str, self.problem.sample_shape))}), got {tuple(x.shape)}"
+            )
+        x = x.to(self.x_mean.dtype)  # uint8 / float16 data arrive as stored
+        out = self.body((x - self.x_mean.view(self._stat_shape)) / self.x_std.view(self._stat_shape))
+        if self.regression:
+            out = out * self.y_std + self.y_mean
+        return out
+
+
+class BuiltNet(Normalized):
+    """A network from a user's builder (`train.builder`): their module, with the normalisation of every Galapagos
+    network around it, so that training, saving, prediction and export treat it as one of their own."""
+
+    def __init__(self, net: nn.Module, problem: Problem) -> None:
+        super().__init__(problem)
+        self.net = net
+
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+class GenomeNet(Normalized):
+    """The network a genome describes: normalise input -> spatial part -> head -> dense part -> output layer."""
+
+    def __init__(self, genome: Genome, problem: Problem) -> None:
+        super().__init__(problem)
+        self.genome = genome
         nd = problem.spatial_dims
         channels, shape = problem.channels, tuple(problem.spatial_shape)
         split = genome.dense_start if nd > 0 else 0
@@ -145,14 +188,6 @@ class GenomeNet(nn.Module):
         dense.append(nn.Linear(width, problem.num_outputs))
         self.dense = nn.Sequential(*dense)
 
-        self._stat_shape = (1, problem.channels) + (1,) * nd
-        self.register_buffer("x_mean", torch.zeros(problem.channels))
-        self.register_buffer("x_std", torch.ones(problem.channels))
-        self.regression = problem.task == "regression"
-        if self.regression:
-            self.register_buffer("y_mean", torch.zeros(problem.num_outputs))
-            self.register_buffer("y_std", torch.ones(problem.num_outputs))
-
     @staticmethod
     def _spatial_layer(i: int, gene: Gene, channels: int, shape: tuple[int, ...], nd: int) -> nn.Module:
         if gene.type == "conv":
@@ -176,28 +211,32 @@ class GenomeNet(nn.Module):
             return nn.Dropout(gene["rate"])
         raise InvalidGenome(f"layer {i} ({gene.describe()}) cannot come before the head")  # pragma: no cover
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != len(self._stat_shape) or x.shape[1] != self._stat_shape[1]:
-            raise ValueError(
-                f"expected input of shape (N, {', '.join(map(str, self.problem.sample_shape))}), got {tuple(x.shape)}"
-            )
-        x = x.to(self.x_mean.dtype)  # uint8 / float16 data arrive as stored
-        x = (x - self.x_mean.view(self._stat_shape)) / self.x_std.view(self._stat_shape)
-        out = self.dense(self.head(self.features(x)))
-        if self.regression:
-            out = out * self.y_std + self.y_mean
-        return out
+    def body(self, x: torch.Tensor) -> torch.Tensor:
+        return self.dense(self.head(self.features(x)))
 
 
-def build_model(genome: Genome, problem: Problem, device: torch.device | str | None = None) -> GenomeNet:
+def load_builder(spec: str):
+    """'package.module:function' -> the builder function(genome, problem) -> torch.nn.Module."""
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError(f"train.builder {spec!r}: expected 'module:function'")
+    return getattr(importlib.import_module(module), name)
+
+
+def build_model(genome: Genome, problem: Problem, device: torch.device | str | None = None, *,
+                builder: str = "") -> Normalized:
     """The torch module for a genome; classification gives logits (N, classes), regression (N, T) in target units.
+    With `builder` ("module:function", train.builder) the user's function makes the module from the genome.
 
     Raises :class:`InvalidGenome` when the genome does not fit the problem (e.g. conv genes for tabular data).
     """
+    def make() -> Normalized:
+        return BuiltNet(load_builder(builder)(genome, problem), problem) if builder else GenomeNet(genome, problem)
+
     if device is None:
-        return GenomeNet(genome, problem)
+        return make()
     with torch.device(device):
-        return GenomeNet(genome, problem)
+        return make()
 
 
 def _as_vector(name: str, value: Any, n: int, like: torch.Tensor) -> torch.Tensor:
@@ -212,7 +251,7 @@ def _as_vector(name: str, value: Any, n: int, like: torch.Tensor) -> torch.Tenso
 
 
 def set_normalization(
-    model: GenomeNet,
+    model: Normalized,
     x_mean: Any,
     x_std: Any,
     y_mean: Any | None = None,
@@ -240,10 +279,13 @@ def set_normalization(
             model.y_std.copy_(torch.where(ys.abs() < 1e-12, torch.ones_like(ys), ys))
 
 
-def count_params(genome: Genome, problem: Problem) -> int:
+def count_params(genome: Genome, problem: Problem, builder: str = "") -> int:
     """The trainable parameter count of the network `genome` describes for `problem`, by shape arithmetic alone
     (tens of microseconds: the master counts every candidate it sends). Raises InvalidGenome where GenomeNet would
-    refuse to build: tests/test_genome.py checks both against built modules on thousands of random genomes."""
+    refuse to build: tests/test_genome.py checks both against built modules on thousands of random genomes. A
+    user's `builder` network is built on the meta device and counted."""
+    if builder:
+        return sum(p.numel() for p in build_model(genome, problem, "meta", builder=builder).parameters())
     nd = problem.spatial_dims
     c, shape = problem.channels, tuple(problem.spatial_shape)
     split = genome.dense_start if nd > 0 else 0

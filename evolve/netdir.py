@@ -3,7 +3,7 @@
 ```
 DIR/genome.json    the genome (evolve.genome.Genome.to_json)
 DIR/model.pt       the trained weights, a torch state_dict
-DIR/metrics.json   {"problem": Problem.to_dict(), "fitness", "metrics", "params", ...}: what it was trained for
+DIR/metrics.json   {"problem": Problem.to_dict(), "fitness", "metrics", "params", "builder" (if a user's), ...}
 ```
 """
 from __future__ import annotations
@@ -79,7 +79,10 @@ class NetworkDir:
         except ValueError as exc:
             raise ModelError(f"{self.path}: unreadable {GENOME}: {exc}") from None
         problem = self.problem()
-        model = build_model(genome, problem)
+        try:
+            model = build_model(genome, problem, builder=json.loads(self.metrics_file.read_text()).get("builder", ""))
+        except (ImportError, AttributeError, ValueError) as exc:
+            raise ModelError(f"{self.path}: the network's builder in {METRICS} cannot be used here: {exc}") from None
         try:
             with warnings.catch_warnings():  # torch warns about what it finds in a damaged file before it fails
                 warnings.simplefilter("ignore")

@@ -38,12 +38,14 @@ class TrainConfig(Table):
     eval_batch_size: int = 1024
     grad_clip: float = 5.0
     mixed_precision: bool = True  # on GPUs only
+    builder: str = ""  # "module:function" making each network from its genome; "" = Galapagos's own (GenomeNet)
 
     def checks(self) -> list[Check]:
         return [("epochs", self.epochs >= 1, "at least 1"),
                 ("max_train_samples", self.max_train_samples >= 0, "at least 0 (0 = the whole training split)"),
                 ("eval_batch_size", self.eval_batch_size >= 1, "at least 1"),
-                ("grad_clip", self.grad_clip >= 0, "at least 0")]
+                ("grad_clip", self.grad_clip >= 0, "at least 0"),
+                ("builder", not self.builder or ":" in self.builder, "module:function, or \"\"")]
 
 
 def _channel_axes(x: torch.Tensor) -> tuple[int, ...]:
@@ -134,7 +136,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     torch.manual_seed(seed)
     xtr, ytr = data["train"]
     xva, yva = data["val"]
-    model = build_model(genome, problem)
+    model = build_model(genome, problem, builder=config.builder)
     set_normalization(model, **(stats or normalization_stats(xtr, ytr, problem.task)))
     model.to(device)
     amp_dtype, autocast = _autocast_for(device, config.mixed_precision)

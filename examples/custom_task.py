@@ -1,6 +1,15 @@
-"""Your own training code under Galapagos: evolve the hyperparameters of a model you wrote.
+"""Your own model family, or your own training code, under Galapagos: evolve the hyperparameters of a model you
+wrote.
 
+    galapagos evolve --data shapes.h5 --out runs/mine --evaluations 40 --set train.builder=examples.custom_task:build
     galapagos evolve --data shapes.h5 --out runs/mine --evaluations 40 --set run.task=examples.custom_task:train
+
+A builder (`train.builder = "module:function"`, here `build`) only makes the network: `build(genome, problem)`
+returns a torch module taking normalised inputs (N, *problem.sample_shape) to (N, problem.num_outputs) outputs
+(logits, or regression outputs in normalised units). Galapagos wraps it in the normalisation every network of its
+own carries and trains it with its own recipe (schedule, mixed precision, pruning, best epoch kept), so the best
+network, ensembles, `predict` and `export` work as for its own networks; the builder must be importable wherever
+they run.
 
 Galapagos still evolves its genomes and schedules them over the workers; each worker's trainer child calls
 `run.task` ("module:function", importable on every node) once per candidate, as `function(task, ctx)`:
@@ -54,6 +63,11 @@ def hyperparameters(genome) -> dict:
     drops = [g.get("rate") for g in genome.layers if g.get("rate") is not None]
     return {"depth": max(1, min(6, len(genome.layers))), "width": max(32, min(512, max(widths, default=64))),
             "dropout": max(drops, default=0.0)}
+
+
+def build(genome, problem) -> torch.nn.Module:
+    """The builder: this model family, sized by the genome (Galapagos normalises the inputs around it)."""
+    return ResidualMLP(math.prod(problem.sample_shape), problem.num_outputs, **hyperparameters(genome))
 
 
 def train(task, ctx) -> dict:

@@ -143,7 +143,8 @@ class EnsembleSource(JournalSource):
     def on_result(self, r: Result) -> None:
         spec = self.job.specs[r.id]
         net = NetworkDir(member_dir(self.job.out.path, spec.name))
-        params = count_params(Genome.from_json(spec.genome), self.job.problem)
+        builder = self.job.config.train.builder
+        params = count_params(Genome.from_json(spec.genome), self.job.problem, builder)
         record = self.journal_result(r, {"name": spec.name, "genome": spec.genome, "key": spec.key,
                                          "seed": spec.seed, "origin": spec.origin, "params": params})
         if record is None:  # cancelled: --resume trains it again
@@ -153,7 +154,8 @@ class EnsembleSource(JournalSource):
         if r.status == Status.OK and net.model_file.exists():
             net.write(spec.genome, {"problem": self.job.problem.to_dict(), "fitness": r.fitness, "metrics": r.metrics,
                                     "params": params, "seed": spec.seed, "origin": spec.origin, "key": spec.key,
-                                    "name": spec.name, "describe": Genome.from_json(spec.genome).describe()})
+                                    "name": spec.name, "describe": Genome.from_json(spec.genome).describe(),
+                                    **({"builder": builder} if builder else {})})
             return
         shutil.rmtree(net.path, ignore_errors=True)  # a failed member leaves only its journal line
         self.warn(f"member {spec.name}", r)

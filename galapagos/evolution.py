@@ -82,7 +82,7 @@ class EvolutionSource(JournalSource):
             return None
         self.inflight[cand.id] = {"parents": list(cand.parents), "origin": cand.origin,
                                   "genome": cand.genome.to_json(), "key": cand.genome.key,
-                                  "params": count_params(cand.genome, self.problem)}
+                                  "params": count_params(cand.genome, self.problem, self.config.train.builder)}
         self.running(cand.id)
         payload = TrainTask(cand.genome, self.problem, self.config.train, seed=self.config.run.seed * 1_000_003
                             + cand.id, save=str(self.run.model_path(cand.id)))
@@ -108,7 +108,8 @@ class EvolutionSource(JournalSource):
         if self.tracker is not None:
             self.tracker.log(record)
         if self._learn(record):
-            self.run.save_best(record, {"problem": self.problem.to_dict(), "describe":
+            builder = {"builder": self.config.train.builder} if self.config.train.builder else {}
+            self.run.save_best(record, {"problem": self.problem.to_dict(), **builder, "describe":
                                         Genome.from_json(record["genome"]).describe()})
         if r.status not in (Status.OK, Status.PRUNED):
             self.warn(f"eval {r.id}", r)
@@ -150,6 +151,8 @@ def check(opts: EvolveOptions) -> tuple[Config, DatasetInfo, dict]:
     config = evolve_config(opts)
     check_task(config.run.task)
     check_tracking(config.report)
+    if config.train.builder:
+        check_task(config.train.builder, "train.builder")
     if opts.seed_from:
         if opts.resume:
             raise UsageError("--seed-from with --resume: the run's population was seeded when it started")
@@ -193,16 +196,16 @@ def seed_genomes(source: str, limit: int) -> list[Genome]:
     return genomes
 
 
-def check_task(spec: str) -> None:
-    """run.task must name a function this Python can import (every node imports it the same way)."""
+def check_task(spec: str, key: str = "run.task") -> None:
+    """run.task (or train.builder) must name a function this Python can import (every node imports it alike)."""
     from launch.trainer import load_function
 
     try:
         fn = load_function(spec)
     except (ImportError, AttributeError, ValueError) as exc:
-        raise UsageError(f"run.task {spec!r}: cannot be imported here: {type(exc).__name__}: {exc}") from None
+        raise UsageError(f"{key} {spec!r}: cannot be imported here: {type(exc).__name__}: {exc}") from None
     if not callable(fn):
-        raise UsageError(f"run.task {spec!r}: not a function")
+        raise UsageError(f"{key} {spec!r}: not a function")
 
 
 def master(comm: Any, opts: EvolveOptions) -> dict:

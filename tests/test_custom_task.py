@@ -32,3 +32,36 @@ def test_a_task_that_cannot_be_imported_is_one_line(shapes_file, tmp_path):  # n
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
     assert "run.task 'examples.no_such_module:train': cannot be imported here" in proc.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_evolve_a_user_model_family_with_the_built_in_recipe(shapes_file, tmp_path):  # noqa: F811
+    """train.builder: the user's modules trained by Galapagos; best/, an ensemble, predict and export use them."""
+    out = tmp_path / "run"
+    proc = galapagos("evolve", "--data", shapes_file, "--out", out, "--evaluations", 6, "--workers", 2,
+                     "--set", "train.builder=examples.custom_task:build", "--set", "train.epochs=2", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert {r["status"] for r in records} <= {"ok", "pruned"}
+    from evolve.genome import Genome
+    from evolve.problem import Problem
+    from examples.custom_task import build
+
+    best = json.loads((out / "best" / "metrics.json").read_text())
+    assert best["builder"] == "examples.custom_task:build"
+    user = build(Genome.from_json(json.loads((out / "best" / "genome.json").read_text())),
+                 Problem.from_dict(best["problem"]))
+    assert best["params"] == sum(p.numel() for p in user.parameters())  # the user's network, not Galapagos's
+    proc = galapagos("predict", "--model", out, "--data", shapes_file, "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["accuracy"] >= 0, proc.stderr
+    proc = galapagos("ensemble", "--from", out, "--data", shapes_file, "--out", tmp_path / "ens", "--members", 2,
+                     "--workers", 2, "--set", "ensemble.epochs=1", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    proc = galapagos("export", "--model", tmp_path / "ens", "--format", "torchscript", "--out", tmp_path / "e.pt")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_a_builder_that_cannot_be_imported_is_one_line(shapes_file, tmp_path):  # noqa: F811
+    proc = galapagos("evolve", "--data", shapes_file, "--out", tmp_path / "run", "--evaluations", 2,
+                     "--set", "train.builder=examples.custom_task:no_such_function", timeout=120)
+    assert proc.returncode == 2 and "train.builder 'examples.custom_task:no_such_function'" in proc.stderr
+    assert "Traceback" not in proc.stderr
