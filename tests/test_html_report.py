@@ -88,3 +88,17 @@ def test_report_json_of_a_run_and_its_rows(design):
 def test_report_bad_input_is_one_line(design, args, words):
     proc = galapagos("report", design, *args)
     assert proc.returncode == 2 and words in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
+
+
+def test_results_as_a_data_frame(design):
+    from galapagos import api
+    from galapagos.errors import RunDirError
+
+    try:
+        import pandas  # noqa: F401
+    except ImportError:
+        with pytest.raises(RunDirError, match="a DataFrame needs pandas"):
+            api.results(design, as_frame=True)
+        return
+    frame = api.results(design, as_frame=True)
+    assert len(frame) == 8 and {"id", "status", "fitness", "metric_val_accuracy"} <= set(frame.columns)
