@@ -142,9 +142,12 @@ def launch(args: Any, argv: list[str], say: Callable[[str], None]) -> None:
             raise UsageError(f"--resume {args.resume} writes the follow-up of that run: give no command after --")
         out = Path(args.resume).absolute()
         saved = load_settings(out)
+        if not saved.get("stop_before_explicit"):  # derived from the old wall time: derive it again from the new
+            saved.pop("stop_before", None)
         opts = {**{k: v for k, v in site.items() if k in OPTION_KEYS},
                 **{k: v for k, v in saved.items() if k in (*OPTION_KEYS, "workdir")}, **given}
         env = {**site.get("env", {}), **saved.get("env", {}), **env}
+        directives = [*saved.get("directives", site.get("directives", [])), *(args.directives or [])]
         command = resume_command(tuple(saved["command"]))
         after = args.after
         last = next((j["id"] for j in reversed(saved.get("jobs", [])) if "id" in j), None)
@@ -154,9 +157,10 @@ def launch(args: Any, argv: list[str], say: Callable[[str], None]) -> None:
     else:
         opts = {**{k: v for k, v in site.items() if k in OPTION_KEYS}, **given}
         env = {**site.get("env", {}), **env}
+        directives = [*site.get("directives", []), *(args.directives or [])]
         command, out = resolve_command(tokens, Path.cwd())
         after = args.after
-    opts["env"] = env
+    opts["env"], opts["directives"] = env, directives
     opts["program"] = opts.get("program") or default_program()
     generated_by = shlex.join(["galapagos", *argv])
     req = build_request(opts, command, out, site=site, after=after, generated_by=generated_by,

@@ -111,11 +111,28 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class _LaunchParser(argparse.ArgumentParser):
+    """`--directive X` takes X even when X starts with a dash: argparse alone would read `--directive
+    --reservation=abc` as two options."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        args, joined = list(args or []), []
+        while args:
+            token = args.pop(0)
+            if token == "--":
+                joined += [token, *args]
+                break
+            joined.append(f"--directive={args.pop(0)}" if token == "--directive" and args else token)
+        return super().parse_known_args(joined, namespace)
+
+
 def _add_launch(sub) -> None:
+    default_class, sub._parser_class = sub._parser_class, _LaunchParser
     p = sub.add_parser("launch", help="write (and submit) the batch job that runs a galapagos command across a "
                        "whole machine: slurm, lsf, alps, pbs, flux or local",
                        usage="galapagos launch --scheduler S --nodes N --gpus-per-node G [options] "
                              "-- galapagos evolve|ensemble|design ...")
+    sub._parser_class = default_class
     p.add_argument("--site", help="TOML profile with one machine's defaults and limits (see examples/sites/)")
     p.add_argument("--scheduler", help="one of slurm, lsf, alps, pbs, flux, local")
     p.add_argument("--nodes", type=int)
@@ -124,16 +141,25 @@ def _add_launch(sub) -> None:
     p.add_argument("--workers-per-node", type=int, help="worker ranks per CPU-only node (default: one per core)")
     p.add_argument("--walltime", help="HH:MM (or HH:MM:SS, D-HH:MM, minutes)")
     p.add_argument("--stop-before", type=int, metavar="SECONDS", help="tell the run to stop this long before the "
-                   "wall time (default: a tenth of it, 60 to 600 s)")
+                   "wall time (default: a tenth of it, 60 to 600 s, worked out again for each follow-up's wall time)")
     p.add_argument("--account")
-    p.add_argument("--queue", help="queue or partition")
+    p.add_argument("--queue", help="queue or partition (a site's [queues.NAME] limits are checked)")
+    p.add_argument("--qos", help="Slurm quality of service, e.g. regular at NERSC (where a job without one gets "
+                   "debug); refused for other schedulers")
     p.add_argument("--job-name")
     p.add_argument("--constraint", help="node feature: Slurm --constraint, PBS select extra, LSF -alloc_flags, "
                    "Flux --requires")
+    p.add_argument("--filesystems", metavar="FS[:FS...]", help="PBS Pro -l filesystems=..., mandatory at ALCF "
+                   "(e.g. home:eagle on Polaris, home:flare on Aurora)")
+    p.add_argument("--directive", dest="directives", action="append", metavar="TEXT", help="one more directive "
+                   "line, the text after the scheduler's prefix, e.g. --directive=--reservation=abc (repeatable; "
+                   "kept for --resume)")
     p.add_argument("--env", action="append", metavar="NAME=VALUE", help="exported in the job (repeatable)")
     p.add_argument("--setup", help="shell lines run before the launch: module loads, a venv")
     p.add_argument("--launcher", choices=["mpiexec"], help="slurm: start the ranks with this installation's "
                    "mpiexec inside the allocation instead of srun (when srun cannot speak its MPI's PMI)")
+    p.add_argument("--srun-mpi", dest="mpi", metavar="TYPE", help="slurm: srun --mpi=TYPE (pmi2, pmix, "
+                   "cray_shasta), the PMI the MPI of mpi4py speaks when srun's default does not match it")
     p.add_argument("--launcher-args", help="extra arguments for srun, jsrun, aprun, mpiexec or flux run")
     p.add_argument("--program", help="how the compute nodes start galapagos (default: this installation's)")
     p.add_argument("--script", help="where to write the script (default: <out>/job/<scheduler>-<n>.sh)")

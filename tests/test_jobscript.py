@@ -16,7 +16,8 @@ import pytest
 
 from examples import shapes
 from galapagos.cli import main
-from launch.scripts import SCHEDULERS, SCHEDULERS_ORDER, load_site
+from launch.scripts import (SCHEDULERS, SCHEDULERS_ORDER, JobScriptError, check_queue_limits, load_site,
+                            parse_walltime, smt_level)
 from tests.mpirun import REPO
 
 SITES = sorted((REPO / "examples" / "sites").glob("*.toml"))
@@ -62,6 +63,51 @@ def ranks_in(line: str, n_flag: str, per_flag: str) -> list[tuple[int, int]]:
     return [(int(a), int(b)) for a, b in re.findall(rf"{n_flag} (\d+) {per_flag} (\d+)", line)]
 
 
+def srun_rules(line: str, ranks: int) -> None:
+    """srun(1): --nodes "cannot be used in with arbitrary distribution" (Slurm 23.11+ exits: "--nodes is
+    incompatible with --distribution=arbitrary"); the host list in SLURM_HOSTFILE gives the nodes."""
+    args = shlex.split(line)
+    assert args[0] == "srun" and f"--ntasks={ranks}" in args and "--distribution=arbitrary" in args
+    assert not any(a == "-N" or a.startswith("--nodes") for a in args), line
+
+
+def check_erf(text: str, nodes: int, per_node: int, gpus: int, cpus: int, smt: int = 4) -> None:
+    """jsrun's resource file (IBM ERF format, OLCF's ERF-CPU-Indexing tutorial): physical hardware-thread numbers,
+    4 per POWER9 core whatever the SMT level, the core after each socket's usable ones kept for the system. Rank 0
+    on host 1 without a GPU; on every host one rank per GPU; each worker only threads of its own cores, all on its
+    GPU's socket (GPUs 0..G/2-1 on socket 0); no two ranks of a host share a core (when one is spare)."""
+    lines = text.splitlines()
+    assert "cpu_index_using: physical" in lines and "cpu_index_using: logical" not in lines
+    stride = cpus // 2 + 1  # cores per socket, the system's one included
+    specs = [re.fullmatch(r"rank: (\d+) : \{ host: (\d+); cpu: ((?:\{\d+(?:-\d+)?\},?)+)(?:; gpu: \{(\d+)\})? \}", x)
+             for x in lines if x.startswith("rank:")]
+    assert all(specs) and [int(m.group(1)) for m in specs] == list(range(nodes * per_node + 1))
+    hosts: dict[int, list[tuple[int, set[int], int | None]]] = {}
+    for m in specs:
+        threads = set()
+        for a, b in re.findall(r"\{(\d+)(?:-(\d+))?\}", m.group(3)):
+            threads |= set(range(int(a), int(b or a) + 1))
+        cores = {t // 4 for t in threads}
+        assert threads == {4 * c + t for c in cores for t in range(smt)}, m.group(0)  # SMT-aware
+        assert all(c % stride < stride - 1 for c in cores), m.group(0)  # never the system's core
+        gpu = None if m.group(4) is None else int(m.group(4))
+        hosts.setdefault(int(m.group(2)), []).append((int(m.group(1)), cores, gpu))
+    assert sorted(hosts) == list(range(1, nodes + 1))
+    master = hosts[1][0]
+    assert master[0] == 0 and master[2] is None  # the master: first host, no GPU
+    for host, ranks in hosts.items():
+        workers = [r for r in ranks if r[0] != 0]
+        assert len(workers) == per_node
+        if gpus:
+            assert sorted(g for _, _, g in workers) == list(range(gpus))
+        for i, (_, cores, gpu) in enumerate(workers):
+            socket = (gpu if gpus else i) * 2 // per_node
+            assert {c // stride for c in cores} == {socket}, (host, gpu, cores)  # the GPU's socket
+        if per_node // 2 < cpus // 2:  # a core to spare on socket 0: nothing shared on any host
+            every = [c for _, cores, _ in ranks for c in cores]
+            assert len(every) == len(set(every)), host
+
+
 GEOMETRIES = [(2, 4), (4608, 6)]
 
 
@@ -105,25 +151,19 @@ def test_every_scheduler_renders_the_layout(scheduler, nodes, gpus, data, tmp_pa
     if scheduler == "slurm":
         assert {f"--nodes={nodes}", f"--ntasks={ranks}", "--overcommit", "--exclusive", f"--gpus-per-node={gpus}",
                 "--time=02:00:00", "--signal=B:USR1@300", "--account=ABC123", "--partition=batch",
-                "--job-name=shapes-big"} <= set(d)
-        assert f"--ntasks={ranks}" in line and "--distribution=arbitrary" in line and "--gpu-bind=none" in line
-        assert "--cpu-bind=none" in line and "--gpus-per-task" not in text
+                "--job-name=shapes-big"} <= set(d)  # #SBATCH --nodes stays: it sizes the allocation
+        srun_rules(line, ranks)
+        assert "--gpu-bind=none" in line and "--cpu-bind=none" in line and "--gpus-per-task" not in text
+        assert "--mpi=" not in line and not any(x.startswith("--qos") for x in d)
         # the host list: the first node once more (rank 0) then gpus per node
         assert f"awk -v per={gpus} 'NR == 1 {{print}} {{for (i = 0; i < per; i++) print}}'" in text
         assert "SLURM_HOSTFILE" in text
     elif scheduler == "lsf":
         assert {f"-nnodes {nodes}", "-W 02:00", "-wa USR1", "-wt 5", "-P ABC123", "-q batch",
                 "-J shapes-big"} <= set(d)
-        erf = (script.parent / f"{scheduler}-1.erf").read_text().splitlines()
         assert f'--erf_input "$job_dir/{scheduler}-1.erf"' in line and line.startswith("jsrun ")
-        specs = [re.fullmatch(r"rank: (\d+) : \{ host: (\d+); cpu: \{0-41\}(?:; gpu: \{(\d+)\})? \}", x)
-                 for x in erf if x.startswith("rank:")]
-        assert all(specs) and [int(m.group(1)) for m in specs] == list(range(ranks))
-        assert specs[0].group(2) == "1" and specs[0].group(3) is None  # the master: first host, no GPU
-        per_host: dict[int, list[int]] = {}
-        for m in specs[1:]:
-            per_host.setdefault(int(m.group(2)), []).append(int(m.group(3)))
-        assert len(per_host) == nodes and all(sorted(g) == list(range(gpus)) for g in per_host.values())
+        assert '--smpiargs="-disable_gpu_hooks"' in line  # the trainer is a CUDA process that is no MPI process
+        check_erf((script.parent / f"{scheduler}-1.erf").read_text(), nodes, gpus, gpus, 42)
     elif scheduler in ("alps", "pbs"):
         assert {"-l walltime=02:00:00", "-A ABC123", "-q batch", "-N shapes-big", "-j oe"} <= set(d)
         assert (f"-l nodes={nodes}" if scheduler == "alps" else f"-l select={nodes}") in d
@@ -224,27 +264,203 @@ def test_bad_inputs_are_clear_errors_and_write_nothing(data, tmp_path, capsys):
         assert not out_dir.exists(), args
 
 
-def test_site_profiles(data, tmp_path, capsys):
-    """Each bundled profile renders with only --nodes (and a command), and its machine limits are enforced."""
-    assert {p.stem for p in SITES} >= {"summit", "perlmutter", "polaris", "frontier", "workstation"}
-    for site in SITES:
-        profile = load_site(site)
-        nodes = profile["machine"]["max_nodes"]
-        code, out, err = launch(capsys, "--site", site, "--nodes", nodes, "--", "evolve", "--data", data,
-                                "--out", tmp_path / site.stem, "--evaluations", 10)
-        assert code == 0, (site, err)
-        text = written(out)[0].read_text()
-        gpus = profile["gpus_per_node"]
-        assert f"{nodes * gpus} worker(s) + 1 master = {nodes * gpus + 1} MPI ranks" in text
+def _queue_for(profile: dict, nodes: int) -> list[str] | None:
+    """Options that send `nodes` nodes to a queue (or QOS) of the profile that takes them, with a wall time it
+    allows: the profile's own queue and wall time where they fit; None if no queue takes that many nodes."""
+    flag = "--qos" if "qos" in profile else "--queue"
+    default = profile.get("qos") or profile.get("queue")
+    own = parse_walltime(profile["walltime"]) if "walltime" in profile else None
+    for name in [default, *profile.get("queues", {})]:
+        for wall in (own, 1800):
+            try:
+                check_queue_limits(profile, nodes, wall, [name] if name else [])
+            except JobScriptError:
+                continue
+            return [*([flag, name] if name else []), *(["--walltime", str(wall // 60)] if wall else [])]
+    return None
+
+
+@pytest.mark.parametrize("site", SITES, ids=[p.stem for p in SITES])
+def test_site_profiles_follow_their_centres_rules(site, data, tmp_path, capsys):
+    """Each bundled profile renders at 2 nodes and at the largest job its queues take (the whole machine where they
+    take it) with only --nodes (and a queue that takes that many), each script valid shell that keeps the centre's
+    documented rules; the machine's limits are enforced."""
+    profile = load_site(site)
+    assert site.stem == "workstation" or "https://" in site.read_text()  # the rules' sources are cited
+    machine = profile["machine"]["max_nodes"]
+    sizes = sorted({machine, *(q.get("max_nodes", machine) for q in profile.get("queues", {}).values())})[::-1]
+    full = next(n for n in sizes if _queue_for(profile, n) is not None)
+    for nodes in sorted({min(2, machine), full}):
+        out_dir = tmp_path / f"run{nodes}"
+        queue = _queue_for(profile, nodes)
+        code, out, err = launch(capsys, "--site", site, "--nodes", nodes, *queue, "--", "evolve", "--data", data,
+                                "--out", out_dir, "--evaluations", 10)
+        assert code == 0, (site, nodes, err)
+        script = written(out)[0]
+        subprocess.run(["bash", "-n", str(script)], check=True)
+        text = script.read_text()
+        gpus, per_node = profile["gpus_per_node"], profile["gpus_per_node"]
+        ranks = nodes * per_node + 1
+        assert f"{nodes * gpus} worker(s) + 1 master = {ranks} MPI ranks" in text
         assert all(line in text for line in profile.get("setup", "").strip().splitlines())
-        code, out, err = launch(capsys, "--site", site, "--nodes", nodes + 1, "--", "evolve", "--data", data,
-                                "--out", tmp_path / (site.stem + "2"), "--evaluations", 10)
-        assert code == 2 and f"has only {nodes}" in err
-    bad = tmp_path / "bad.toml"
-    bad.write_text('schedular = "slurm"\n')
-    code, _, err = launch(capsys, "--site", bad, "--nodes", 1, "--", "evolve", "--data", data, "--out",
-                          tmp_path / "b", "--evaluations", 10)
-    assert code == 2 and "unknown key 'schedular'" in err
+        d, line = directives(text, SCHEDULERS[profile["scheduler"]].prefix), launch_line(text)
+        if profile["scheduler"] == "slurm":
+            srun_rules(line, ranks)
+            assert f"--nodes={nodes}" in d and f"--ntasks={ranks}" in d
+        if site.stem == "perlmutter":  # NERSC: a QOS, not a partition; without one a job gets debug
+            assert {f"--qos={queue[1]}", "--constraint=gpu"} <= set(d) and not any("--partition" in x for x in d)
+            assert queue[1] == "regular" or nodes <= 8
+        if site.stem == "frontier":
+            assert f"--partition={queue[1]}" in d and "--gpus-per-node=8" in d
+        if profile["scheduler"] == "pbs":  # ALCF: -l filesystems is mandatory
+            assert f"-l filesystems={profile['filesystems']}" in d and f"-q {queue[1]}" in d
+            assert any(x.startswith("-l walltime=") for x in d) and "--cpu-bind none" in line
+        if profile["scheduler"] == "lsf":
+            assert '--smpiargs="-disable_gpu_hooks"' in line
+            check_erf((script.parent / f"{script.stem}.erf").read_text(), nodes, per_node, gpus,
+                      profile["cpus_per_node"], smt_level(profile.get("constraint")))
+    code, out, err = launch(capsys, "--site", site, "--nodes", machine + 1, "--", "evolve", "--data", data,
+                            "--out", tmp_path / "over", "--evaluations", 10)
+    assert code == 2 and f"has only {machine}" in err
+
+
+def test_site_profile_checks(data, tmp_path, capsys):
+    """A profile's unknown keys and malformed queue limits are one clear line each."""
+    cases = [('schedular = "slurm"\n', "unknown key 'schedular'"),
+             ('[queues.prod]\nmaxnodes = 4\n', "unknown key queues.prod.maxnodes"),
+             ('[queues.prod]\nmax_nodes = "many"\n', "queues.prod.max_nodes must be a whole number"),
+             ('[queues.prod]\nmax_walltime = "soon"\n', "queues.prod.max_walltime 'soon': expected"),
+             ('[queues.prod]\nbins = [{ max_nodes = 4 }]\n', "queues.prod.bins[0] needs max_nodes and max_walltime"),
+             ('directives = "--x"\n', "directives must be a list of strings")]
+    for i, (toml, words) in enumerate(cases):
+        bad = tmp_path / f"bad{i}.toml"
+        bad.write_text(toml)
+        code, _, err = launch(capsys, "--site", bad, "--nodes", 1, "--", "evolve", "--data", data, "--out",
+                              tmp_path / "b", "--evaluations", 10)
+        assert code == 2 and words in err and err.count("\n") == 1, (toml, err)
+
+
+SITE = REPO / "examples" / "sites"
+
+
+def test_queue_limits_are_refused_with_one_line(data, tmp_path, capsys):
+    """A site's [queues.NAME] limits (node range, wall time, wall time by job size) are checked before anything is
+    written, each refusal one line naming the queue and its limit."""
+    out_dir = tmp_path / "run"
+    ok = ["--", "evolve", "--data", data, "--out", out_dir, "--evaluations", 10]
+    cases = [
+        (["polaris", "--nodes", 560], "--nodes 560: queue prod takes 10 to 496 nodes"),
+        (["polaris", "--nodes", 4], "--nodes 4: queue prod takes 10 to 496 nodes"),
+        (["polaris", "--nodes", 64, "--walltime", "08:00"],
+         "--walltime 08:00:00: queue prod allows at most 06:00:00 for jobs of 25 to 99 nodes"),
+        (["polaris", "--nodes", 2, "--queue", "debug", "--walltime", "00:03"],
+         "--walltime 00:03:00: queue debug needs at least 00:05:00"),
+        (["polaris", "--nodes", 3, "--queue", "debug", "--walltime", "00:30"], "queue debug takes 1 to 2 nodes"),
+        (["aurora", "--nodes", 100], "--nodes 100: queue prod takes 256 to 10624 nodes"),
+        (["aurora", "--nodes", 2, "--queue", "debug"], "--walltime 06:00:00: queue debug allows at most 01:00:00"),
+        (["frontier", "--nodes", 64, "--walltime", "04:00"],
+         "--walltime 04:00:00: queue batch allows at most 02:00:00 for jobs of 1 to 91 nodes"),
+        (["frontier", "--nodes", 100, "--queue", "extended", "--walltime", "10:00"],
+         "queue extended takes 1 to 64 nodes"),
+        (["perlmutter", "--nodes", 16, "--qos", "debug", "--walltime", "00:20"], "queue debug takes 1 to 8 nodes"),
+        (["perlmutter", "--nodes", 16, "--walltime", "3-00:00"], "queue regular allows at most 48:00:00"),
+        (["summit", "--nodes", 100, "--queue", "batch-hm"], "queue batch-hm takes 1 to 54 nodes"),
+        (["summit", "--nodes", 20, "--walltime", "03:00"], "queue batch allows at most 02:00:00 for jobs of 1 to 45"),
+    ]
+    for (site, *args), words in cases:
+        code, out, err = launch(capsys, "--site", SITE / f"{site}.toml", *args, *ok)
+        assert code == 2 and words in err and f"{site}.toml" in err, (site, args, err)
+        assert err.count("\n") == 1 and not out_dir.exists(), (site, args, err)
+
+
+def test_scheduler_specific_options_are_refused_elsewhere(data, tmp_path, capsys):
+    out_dir = tmp_path / "run"
+    geometry = ["--nodes", 2, "--gpus-per-node", 4, "--cpus-per-node", 42]
+    command = ["--", "evolve", "--data", data, "--out", out_dir, "--evaluations", 10]
+    cases = [(["--scheduler", scheduler, "--qos", "regular"], "--qos regular: only Slurm has a quality of service")
+             for scheduler in ("pbs", "lsf", "alps", "flux")]
+    cases += [(["--scheduler", "slurm", "--filesystems", "home:eagle"], "--filesystems home:eagle: a PBS Pro"),
+              (["--scheduler", "pbs", "--filesystems", "home eagle"], "expected names joined by ':'"),
+              (["--scheduler", "pbs", "--srun-mpi", "pmi2"], "--srun-mpi pmi2: srun's MPI plugin"),
+              (["--scheduler", "slurm", "--launcher", "mpiexec", "--srun-mpi", "pmi2"], "not with --launcher mpiexec"),
+              (["--scheduler", "slurm", "--directive", "#SBATCH --mail-type=END"], "without the prefix"),
+              (["--scheduler", "local", "--nodes", 1, "--directive", "-x"], "the local scheduler reads no directives")]
+    for args, words in cases:
+        code, out, err = launch(capsys, *geometry, *args, *command)
+        assert code == 2 and words in err and err.count("\n") == 1, (args, err)
+        assert not out_dir.exists()
+
+
+def test_slurm_qos_srun_mpi_filesystems_and_directives_are_written(data, tmp_path, capsys):
+    code, out, err = launch(capsys, "--scheduler", "slurm", "--nodes", 2, "--gpus-per-node", 4, "--qos", "regular",
+                            "--srun-mpi", "pmi2", "--directive", "--reservation=abc", "--directive", "-S 0", "--",
+                            "evolve", "--data", data, "--out", tmp_path / "s", "--evaluations", 10)
+    assert code == 0, err
+    text = written(out)[0].read_text()
+    d, line = directives(text, "#SBATCH"), launch_line(text)
+    assert {"--qos=regular", "--reservation=abc", "-S 0"} <= set(d) and "--nodes=2" in d
+    srun_rules(line, 9)
+    assert shlex.split(line)[4] == "--mpi=pmi2"
+    assert "reads each PMI-1 request with one read() of 1024 bytes" in text  # the limit, where it applies
+    # one node: no host list, so Slurm's process map is right (before 24.05 it puts every task of an arbitrary
+    # distribution on a node of its own, and MPICH then exchanges network addresses over PMI)
+    code, out, err = launch(capsys, "--scheduler", "slurm", "--nodes", 1, "--gpus-per-node", 4, "--srun-mpi", "pmi2",
+                            "--", "evolve", "--data", data, "--out", tmp_path / "one", "--evaluations", 10)
+    assert code == 0, err
+    text = written(out)[0].read_text()
+    assert shlex.split(launch_line(text))[:4] == ["srun", "--ntasks=5", "--overcommit", "--mpi=pmi2"]
+    assert "SLURM_HOSTFILE" not in text and "arbitrary" not in launch_line(text)
+    code, out, err = launch(capsys, "--scheduler", "pbs", "--nodes", 2, "--gpus-per-node", 4, "--filesystems",
+                            "home:eagle", "--directive", "-l place=scatter:group=tier1", "--", "evolve", "--data",
+                            data, "--out", tmp_path / "p", "--evaluations", 10)
+    assert code == 0, err
+    d = directives(written(out)[0].read_text(), "#PBS")
+    assert {"-l filesystems=home:eagle", "-l place=scatter:group=tier1"} <= set(d)
+
+
+def test_directives_and_options_are_kept_across_resume(data, tmp_path, capsys):
+    """Directives from the site profile and from --directive are saved in launch.toml; `launch --resume` (without
+    --site) writes them again, with any new --directive after them."""
+    site = tmp_path / "site.toml"
+    site.write_text('scheduler = "slurm"\ngpus_per_node = 4\nqos = "regular"\nmpi = "pmi2"\n'
+                    'directives = ["--reservation=site", "--mail-type=END"]\n')
+    out_dir = tmp_path / "run"
+    code, out, err = launch(capsys, "--site", site, "--nodes", 2, "--directive", "--comment=first", "--", "evolve",
+                            "--data", data, "--out", out_dir, "--evaluations", 10)
+    assert code == 0, err
+    first = directives(written(out)[0].read_text(), "#SBATCH")
+    assert first[-3:] == ["--reservation=site", "--mail-type=END", "--comment=first"]
+    code, out, err = launch(capsys, "--resume", out_dir, "--directive", "--comment=second")
+    assert code == 0, err
+    text = written(out)[0].read_text()
+    follow = directives(text, "#SBATCH")
+    assert follow[-4:] == ["--reservation=site", "--mail-type=END", "--comment=first", "--comment=second"]
+    assert "--qos=regular" in follow and "--mpi=pmi2" in launch_line(text)
+    import tomllib
+    saved = tomllib.loads((out_dir / "job" / "launch.toml").read_text())
+    assert saved["directives"][-1] == "--comment=second" and saved["qos"] == "regular" and saved["mpi"] == "pmi2"
+
+
+def test_follow_ups_work_out_the_lead_time_from_their_own_wall_time(data, tmp_path, capsys):
+    """The lead time (SIGUSR1 ahead of the wall time) of a follow-up with another --walltime is a tenth of that
+    wall time again (60 to 600 s), not the first job's; a --stop-before given once is kept."""
+    out_dir = tmp_path / "run"
+    code, out, err = launch(capsys, "--scheduler", "slurm", "--nodes", 2, "--gpus-per-node", 4, "--walltime",
+                            "10:00", "--", "evolve", "--data", data, "--out", out_dir, "--evaluations", 10)
+    assert code == 0, err
+    assert "--signal=B:USR1@600" in directives(written(out)[0].read_text(), "#SBATCH")
+    for extra, lead in ((["--walltime", "00:20"], 120), (["--walltime", "00:50"], 300),
+                        (["--walltime", "02:00", "--stop-before", 200], 200), (["--walltime", "05:00"], 200)):
+        code, out, err = launch(capsys, "--resume", out_dir, *extra)
+        assert code == 0, err
+        assert f"--signal=B:USR1@{lead}" in directives(written(out)[0].read_text(), "#SBATCH"), extra
+    out_dir = tmp_path / "lsf"
+    code, out, err = launch(capsys, "--scheduler", "lsf", "--nodes", 2, "--gpus-per-node", 6, "--cpus-per-node", 42,
+                            "--walltime", "10:00", "--", "evolve", "--data", data, "--out", out_dir,
+                            "--evaluations", 10)
+    assert code == 0 and "-wt 10" in directives(written(out)[0].read_text(), "#BSUB")
+    code, out, err = launch(capsys, "--resume", out_dir, "--walltime", "00:20")
+    assert code == 0 and "-wt 2" in directives(written(out)[0].read_text(), "#BSUB")
 
 
 def test_resume_writes_the_follow_up_with_its_dependency(data, tmp_path, capsys):
@@ -354,8 +570,9 @@ def test_local_submit_runs_in_the_background_and_chains(data, tmp_path, capsys):
     waits for that process. Tiny budget: the follow-up finds the run complete and ends at once."""
     out_dir = tmp_path / "run"
     code, out, err = launch(capsys, "--scheduler", "local", "--nodes", 1, "--gpus-per-node", 0, "--workers-per-node",
-                            1, "--submit", "--chain", 1, "--", "evolve", "--data", data, "--out", out_dir,
-                            "--evaluations", 2, *TINY, "--set", "run.task='tests.faulty_tasks:quick'")
+                            1, "--submit", "--chain", 1, "--env", f"PYTHONPATH={REPO}", "--", "evolve", "--data",
+                            data, "--out", out_dir, "--evaluations", 2, *TINY,
+                            "--set", "run.task='tests.faulty_tasks:quick'")  # run.task is imported before the run
     assert code == 0, err
     first, follow = written(out)
     ids = re.findall(r"submitted: local job (\d+)", out)

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from examples import shapes
+from galapagos.cli import main
 from launch.scripts import JobScriptError
 from launch.scripts.submit import is_active, submit
 
@@ -182,13 +184,82 @@ def test_other_schedulers_ask_their_own_command(fakes):
     assert fakes.args("qstat") == ["123.pbs01"]
 
 
-def test_no_query_command_means_not_active(tmp_path, monkeypatch, fakes):
-    assert is_active("flux", "\u0192A1b2C3d") is False  # flux has no query in the table
-    assert not fakes.called("flux")
+@pytest.mark.parametrize("state", ["DEPEND", "PRIORITY", "SCHED", "RUN", "CLEANUP"])
+def test_flux_jobs_state_of_a_queued_or_running_job_means_active(fakes, state):
+    """`flux jobs` lists exactly the ids it is given whatever --filter says (flux-jobs(1): "Filtering options ignored
+    with jobid list"), so the job's {state} is what tells an active job from a finished one."""
+    fakes.answer("flux", f"{state}\n")
+    assert is_active("flux", "\u0192A1b2C3d") is True
+    assert fakes.args("flux") == ["jobs", "-n", "--format={state}", "\u0192A1b2C3d"]
+
+
+def test_flux_jobs_inactive_or_unknown_means_ended(fakes):
+    fakes.answer("flux", "INACTIVE\n")
+    assert is_active("flux", "\u0192A1b2C3d") is False
+    fakes.answer("flux", "")
+    assert is_active("flux", "\u0192A1b2C3d") is False
+    fakes.answer("flux", err="flux-jobs: ERROR: job \u0192A1b2C3d not found\n", rc=1)
+    assert is_active("flux", "\u0192A1b2C3d") is False
+
+
+def test_no_query_command_means_not_active(tmp_path, monkeypatch):
     empty = tmp_path / "empty"
     empty.mkdir()
     monkeypatch.setenv("PATH", str(empty))
     assert is_active("slurm", "12345") is False  # no squeue on this machine
+    assert is_active("flux", "\u0192A1b2C3d") is False  # no flux either
+
+
+# -- launch --resume and --chain with a scheduler that answers -----------------------------------------------------
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("data") / "shapes.h5"
+    shapes.generate(path, samples=120, size=12, seed=1)
+    return path
+
+
+def launch(capsys, *args) -> tuple[int, str, str]:
+    code = main(["launch", *map(str, args)])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_resume_waits_for_a_flux_job_that_is_still_active(fakes, data, tmp_path, capsys):
+    """`launch --resume` asks flux whether the last job is still queued or running and, if so, depends on it."""
+    flux = tmp_path / "bin" / "flux"  # `flux batch` prints the id, `flux jobs` the state: FAKE_FLUX_STATE
+    flux.write_text('#!/bin/sh\nprintf \'%s\\n\' "$@" >> "$FAKE_DIR/flux.args"\n'
+                    'if [ "$1" = batch ]; then echo "\u0192A1b2C3d"; else echo "$FAKE_FLUX_STATE"; fi\n')
+    out_dir = tmp_path / "run"
+    code, out, err = launch(capsys, "--scheduler", "flux", "--nodes", 2, "--gpus-per-node", 4, "--submit", "--",
+                            "evolve", "--data", data, "--out", out_dir, "--evaluations", 10)
+    assert code == 0 and "submitted: flux job \u0192A1b2C3d" in out, err
+    for state, waits in (("SCHED", True), ("RUN", True), ("INACTIVE", False)):
+        fakes.mp.setenv("FAKE_FLUX_STATE", state)
+        code, out, err = launch(capsys, "--resume", out_dir)
+        assert code == 0, err
+        text = Path(out.splitlines()[-1].split(": ", 1)[1]).read_text()
+        assert ("# flux: --dependency=afterany:\u0192A1b2C3d" in text) is waits, state
+        assert ("waits for job \u0192A1b2C3d" in out) is waits
+    assert "--format={state}" in (tmp_path / "flux.args").read_text()
+
+
+def test_chained_follow_ups_take_the_lead_time_of_their_own_wall_time(fakes, data, tmp_path, capsys):
+    """A run started with a 10-hour wall time (lead 600 s), resumed with --walltime 00:30 --submit --chain 1:
+    the follow-up and its chained follow-up both stop 180 s (a tenth) ahead, and the second waits for the first."""
+    fakes.answer("sbatch", "4242\n")
+    fakes.answer("squeue", "")
+    out_dir = tmp_path / "run"
+    code, out, err = launch(capsys, "--scheduler", "slurm", "--nodes", 2, "--gpus-per-node", 4, "--walltime",
+                            "10:00", "--", "evolve", "--data", data, "--out", out_dir, "--evaluations", 10)
+    assert code == 0, err
+    code, out, err = launch(capsys, "--resume", out_dir, "--walltime", "00:30", "--submit", "--chain", 1)
+    assert code == 0, err
+    scripts = [Path(x.split(": ", 1)[1]) for x in out.splitlines() if x.startswith("script: ")]
+    assert len(scripts) == 2
+    for script in scripts:
+        text = script.read_text()
+        assert "#SBATCH --signal=B:USR1@180" in text and "#SBATCH --time=00:30:00" in text
+    assert "#SBATCH --dependency=afterany:4242" in scripts[1].read_text()
 
 
 # -- local ---------------------------------------------------------------------------------------------------------

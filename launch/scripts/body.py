@@ -74,6 +74,7 @@ def render(req: JobRequest) -> tuple[str, dict[str, str]]:
     directives = [f"{sched.prefix} {d}" for d in sched.directives(req)]
     if req.after:
         directives.append(f"{sched.prefix} {sched.dependency(req.after)}")
+    directives += [f"{sched.prefix} {d}" for d in req.directives]  # --directive and the site's, as given
     extra: dict[str, str] = {}
     place, launch = sched.launch(req, extra)
     lay = req.layout
@@ -85,8 +86,9 @@ def render(req: JobRequest) -> tuple[str, dict[str, str]]:
              "#",
              f"# {lay.nodes} node(s), {gpus}: {lay.workers} worker(s) + 1 master = {lay.ranks} MPI ranks.",
              "# Rank 0, the master, runs on the first node beside that node's workers and uses no GPU. Each worker",
-             "# binds cuda:<its index among the workers of its node> (counted without rank 0) and an even share of",
-             "# its node's cores (launch/placement.py), so the launcher leaves GPUs and cores to the runtime.",
+             "# binds the GPU of its index among the workers of its node (counted without rank 0) and the physical",
+             "# cores nearest that GPU (launch/placement.py, from sysfs), so the launcher leaves GPUs and cores to",
+             "# the runtime; cores a launcher gives the ranks of a node as disjoint sets are kept.",
              "set -euo pipefail", f"job_dir={shlex.quote(str(req.job_dir))}",
              f"run_dir={shlex.quote(str(req.out))}", ""]
     how = (sched.signal_how(req) if req.walltime and sched.signal_how else

@@ -1,5 +1,6 @@
-"""What a job asks for: the layout of its ranks, every launch option checked into one JobRequest, site profiles, and
-the settings a run keeps in <run>/job/launch.toml so that its follow-up job can be written."""
+"""What a job asks for: the layout of its ranks, every launch option checked into one JobRequest, site profiles
+(with their queues' limits), and the settings a run keeps in <run>/job/launch.toml so that its follow-up job can be
+written."""
 from __future__ import annotations
 
 import re
@@ -52,6 +53,11 @@ class JobRequest:
     after: str | None = None  # job id this job waits for (any end state)
     generated_by: str = ""
     script: Path | None = None
+    qos: str | None = None  # Slurm's quality of service (NERSC: regular, debug, ...)
+    filesystems: str | None = None  # PBS Pro at ALCF: -l filesystems=home:eagle
+    mpi: str | None = None  # srun --mpi=<this> (pmi2, pmix, cray_shasta)
+    directives: tuple[str, ...] = ()  # extra directive lines, the text after the scheduler's prefix
+    stop_before_given: bool = False  # --stop-before (or the site's) was given, not derived from the wall time
 
     @property
     def job_dir(self) -> Path:
@@ -83,6 +89,10 @@ def parse_walltime(text: str) -> int:
     if total <= 0:
         raise JobScriptError(f"--walltime {text!r}: must be longer than zero")
     return total
+
+
+def hms(seconds: int) -> str:
+    return f"{seconds // 3600:02d}:{seconds % 3600 // 60:02d}:{seconds % 60:02d}"
 
 
 def default_stop_before(walltime: int) -> int:
@@ -130,6 +140,7 @@ def make_layout(nodes: int | None, gpus_per_node: int | None, *, cpus_per_node: 
 def build_request(opts: dict, command: tuple[str, ...], out: Path, *, site: dict | None = None,
                   script: Path | None = None, after: str | None = None, generated_by: str = "") -> JobRequest:
     """Check every option and turn them into one JobRequest (`opts["program"]`: how the nodes start galapagos)."""
+    site = site or {}
     scheduler = opts.get("scheduler")
     if scheduler is None:
         raise JobScriptError(f"--scheduler is required: one of {', '.join(SCHEDULERS_ORDER)} (or `scheduler` in "
@@ -143,12 +154,13 @@ def build_request(opts: dict, command: tuple[str, ...], out: Path, *, site: dict
     walltime = opts.get("walltime")
     seconds = parse_walltime(walltime) if isinstance(walltime, str) else walltime
     stop_before = opts.get("stop_before")
+    given = stop_before is not None
     if seconds is None:
-        if stop_before is not None:
+        if given:
             raise JobScriptError("--stop-before needs --walltime: it counts back from the wall time")
         stop_before = 0
     else:
-        stop_before = default_stop_before(seconds) if stop_before is None else stop_before
+        stop_before = stop_before if given else default_stop_before(seconds)
         if stop_before < 0 or stop_before >= seconds:
             raise JobScriptError(f"--stop-before {stop_before}: must be at least 0 and less than the wall time "
                                  f"({seconds} s)")
@@ -160,11 +172,84 @@ def build_request(opts: dict, command: tuple[str, ...], out: Path, *, site: dict
         raise JobScriptError(f"--job-name {job_name!r}: use letters, digits and _ . + - only")
     if not opts.get("program"):
         raise JobScriptError("--program is required: how the compute nodes start galapagos")
+    qos, filesystems, mpi = opts.get("qos"), opts.get("filesystems"), opts.get("mpi")
+    _check_scheduler_options(scheduler, launcher, qos, filesystems, mpi)
+    directives = check_directives(scheduler, opts.get("directives") or ())
+    check_queue_limits(site, layout.nodes, seconds, [n for n in dict.fromkeys((opts.get("queue"), qos)) if n])
     return JobRequest(scheduler, layout, command, out, opts["program"],
                       Path(opts.get("workdir") or Path.cwd()), seconds, stop_before, opts.get("account"),
                       opts.get("queue"), job_name, opts.get("constraint"),
                       tuple((opts.get("env") or {}).items()), opts.get("setup") or "",
-                      opts.get("launcher_args") or "", launcher, after, generated_by, script)
+                      opts.get("launcher_args") or "", launcher, after, generated_by, script,
+                      qos, filesystems, mpi, directives, given)
+
+
+def _check_scheduler_options(scheduler: str, launcher: str, qos: str | None, filesystems: str | None,
+                             mpi: str | None) -> None:
+    """Options only some schedulers have: refused elsewhere with one line, rather than written where they mean
+    nothing (LSF, PBS, ALPS and Flux document queues, not a QOS; filesystems is ALCF's PBS Pro resource)."""
+    if qos is not None:
+        if scheduler != "slurm":
+            raise JobScriptError(f"--qos {qos}: only Slurm has a quality of service; the {scheduler} scheduler has "
+                                 "queues (--queue)")
+        if not re.fullmatch(r"[A-Za-z0-9_.+-]+", qos):
+            raise JobScriptError(f"--qos {qos!r}: use letters, digits and _ . + - only")
+    if filesystems is not None:
+        if scheduler != "pbs":
+            raise JobScriptError(f"--filesystems {filesystems}: a PBS Pro resource (-l filesystems=..., mandatory at "
+                                 f"ALCF); the {scheduler} scheduler has none")
+        if not re.fullmatch(r"[A-Za-z0-9_]+(:[A-Za-z0-9_]+)*", filesystems):
+            raise JobScriptError(f"--filesystems {filesystems!r}: expected names joined by ':', e.g. home:eagle")
+    if mpi is not None:
+        if scheduler != "slurm" or launcher:
+            raise JobScriptError(f"--srun-mpi {mpi}: srun's MPI plugin, for the Slurm scheduler started with srun "
+                                 "(not with --launcher mpiexec)")
+        if not re.fullmatch(r"[A-Za-z0-9_]+", mpi):
+            raise JobScriptError(f"--srun-mpi {mpi!r}: expected a plugin name such as pmi2, pmix or cray_shasta")
+
+
+def check_directives(scheduler: str, directives) -> tuple[str, ...]:
+    """Extra directive lines (the text after the scheduler's prefix), each one line; duplicates dropped."""
+    out = []
+    for text in directives:
+        if not isinstance(text, str) or not text.strip() or "\n" in text or text.lstrip().startswith("#"):
+            raise JobScriptError(f"--directive {text!r}: one line of options without the prefix, e.g. "
+                                 "--directive='--reservation=abc'")
+        if scheduler == "local":
+            raise JobScriptError(f"--directive {text!r}: the local scheduler reads no directives")
+        if text.strip() not in out:
+            out.append(text.strip())
+    return tuple(out)
+
+
+def check_queue_limits(site: dict, nodes: int, seconds: int | None, names: list[str]) -> None:
+    """The site profile's limits of the queue (and of the QOS, which names its own table) the job goes to."""
+    where = site.get("path", "--site")
+    for name in names:
+        limits = site.get("queues", {}).get(name)
+        if limits is None:
+            continue
+        low, high = limits.get("min_nodes", 1), limits.get("max_nodes")
+        if nodes < low or (high is not None and nodes > high):
+            span = f"{low} to {high} nodes" if high is not None else f"at least {low} nodes"
+            raise JobScriptError(f"--nodes {nodes}: queue {name} takes {span} ({where})")
+        longest, size = limits.get("max_walltime"), ""
+        if limits.get("bins"):
+            size_bin = next((b for b in limits["bins"] if b.get("min_nodes", 1) <= nodes <= b["max_nodes"]), None)
+            if size_bin is None:
+                raise JobScriptError(f"--nodes {nodes}: no job-size bin of queue {name} takes {nodes} nodes "
+                                     f"({where})")
+            longest, size = size_bin["max_walltime"], (f" for jobs of {size_bin.get('min_nodes', 1)} to "
+                                                       f"{size_bin['max_nodes']} nodes")
+        if seconds is None:
+            continue
+        if longest is not None and seconds > parse_walltime(longest):
+            raise JobScriptError(f"--walltime {hms(seconds)}: queue {name} allows at most "
+                                 f"{hms(parse_walltime(longest))}{size} ({where})")
+        shortest = limits.get("min_walltime")
+        if shortest is not None and seconds < parse_walltime(shortest):
+            raise JobScriptError(f"--walltime {hms(seconds)}: queue {name} needs at least "
+                                 f"{hms(parse_walltime(shortest))} ({where})")
 
 
 def next_script(job_dir: Path, scheduler: str) -> Path:
@@ -175,14 +260,19 @@ def next_script(job_dir: Path, scheduler: str) -> Path:
 
 # -- site profiles and saved settings ------------------------------------------------------------------------------
 OPTION_KEYS = ("scheduler", "nodes", "gpus_per_node", "cpus_per_node", "workers_per_node", "walltime", "stop_before",
-               "account", "queue", "job_name", "constraint", "setup", "launcher", "launcher_args", "program")
-SITE_KEYS = (*OPTION_KEYS, "env", "machine", "description")
+               "account", "queue", "qos", "job_name", "constraint", "filesystems", "setup", "launcher", "mpi",
+               "launcher_args", "program")
+SITE_KEYS = (*OPTION_KEYS, "directives", "env", "machine", "queues", "description")
 MACHINE_KEYS = ("max_nodes", "gpus_per_node", "cpus_per_node")
+QUEUE_KEYS = ("min_nodes", "max_nodes", "min_walltime", "max_walltime", "bins", "description")
+BIN_KEYS = ("min_nodes", "max_nodes", "max_walltime")
 SETTINGS = "launch.toml"  # in <run dir>/job/: what `launch --resume` needs to write the follow-up job
 
 
 def load_site(path: str | Path) -> dict:
-    """A TOML site profile: defaults for any launch option, [env], and [machine] limits that flags cannot exceed."""
+    """A TOML site profile: defaults for any launch option, [env], extra `directives`, [machine] limits that flags
+    cannot exceed, and [queues.NAME] limits (min_nodes, max_nodes, min_walltime, max_walltime, and `bins` of
+    max_walltime by job size) for the queue or QOS of that name."""
     import tomllib
 
     p = Path(path)
@@ -192,13 +282,47 @@ def load_site(path: str | Path) -> dict:
         raise JobScriptError(f"--site {p}: no such file") from None
     except tomllib.TOMLDecodeError as exc:
         raise JobScriptError(f"--site {p}: not valid TOML: {exc}") from None
-    for key in site:
-        if key not in SITE_KEYS:
-            raise JobScriptError(f"--site {p}: unknown key {key!r} (known: {', '.join(SITE_KEYS)})")
-    for key in site.get("machine", {}):
-        if key not in MACHINE_KEYS:
-            raise JobScriptError(f"--site {p}: unknown key machine.{key} (known: {', '.join(MACHINE_KEYS)})")
+    _known(p, "", site, SITE_KEYS)
+    _known(p, "machine.", site.get("machine", {}), MACHINE_KEYS)
+    directives = site.get("directives", [])
+    if not isinstance(directives, list) or not all(isinstance(d, str) for d in directives):
+        raise JobScriptError(f"--site {p}: directives must be a list of strings")
+    _known(p, "queues.", site.get("queues", {}), None)
+    for name, limits in site.get("queues", {}).items():
+        _known(p, f"queues.{name}.", limits, QUEUE_KEYS)
+        if not isinstance(limits.get("bins", []), list):
+            raise JobScriptError(f"--site {p}: queues.{name}.bins must be a list of tables")
+        for i, size_bin in enumerate(limits.get("bins", [])):
+            _known(p, f"queues.{name}.bins[{i}].", size_bin, BIN_KEYS)
+            if "max_nodes" not in size_bin or "max_walltime" not in size_bin:
+                raise JobScriptError(f"--site {p}: queues.{name}.bins[{i}] needs max_nodes and max_walltime")
+            _limit(p, f"queues.{name}.bins[{i}]", size_bin)
+        _limit(p, f"queues.{name}", limits)
     return {**site, "path": str(p)}
+
+
+def _known(p: Path, prefix: str, table, keys: tuple[str, ...] | None) -> None:
+    if not isinstance(table, dict):
+        raise JobScriptError(f"--site {p}: {prefix.rstrip('.') or 'the file'} must be a table")
+    for key in table if keys is not None else ():
+        if key not in keys:
+            raise JobScriptError(f"--site {p}: unknown key {prefix}{key} (known: {', '.join(keys)})"
+                                 if prefix else f"--site {p}: unknown key {key!r} (known: {', '.join(keys)})")
+
+
+def _limit(p: Path, where: str, limits: dict) -> None:
+    for key in ("min_nodes", "max_nodes"):
+        if key in limits and (not isinstance(limits[key], int) or limits[key] < 1):
+            raise JobScriptError(f"--site {p}: {where}.{key} must be a whole number of nodes, at least 1")
+    for key in ("min_walltime", "max_walltime"):
+        if key in limits:
+            try:
+                if not isinstance(limits[key], str):
+                    raise JobScriptError(key)
+                parse_walltime(limits[key])
+            except JobScriptError:
+                raise JobScriptError(f"--site {p}: {where}.{key} {limits[key]!r}: expected \"HH:MM\" (or HH:MM:SS, "
+                                     "D-HH:MM)") from None
 
 
 def parse_env(pairs: list[str]) -> dict[str, str]:
@@ -212,7 +336,8 @@ def parse_env(pairs: list[str]) -> dict[str, str]:
 
 
 def save_settings(req: JobRequest, job_id: str | None = None) -> Path:
-    """<run>/job/launch.toml: the options of this job, for `launch --resume`; submitted job ids accumulate."""
+    """<run>/job/launch.toml: the options of this job, for `launch --resume`; submitted job ids accumulate. The lead
+    time is kept for the follow-up only if it was given (stop_before_explicit); else it follows the wall time."""
     import tomllib
 
     import tomli_w
@@ -224,9 +349,11 @@ def save_settings(req: JobRequest, job_id: str | None = None) -> Path:
     settings = {"scheduler": req.scheduler, "nodes": lay.nodes, "gpus_per_node": lay.gpus_per_node,
                 "workers_per_node": None if lay.gpus_per_node else lay.per_node, "cpus_per_node": lay.cpus_per_node,
                 "walltime": req.walltime,
-                "stop_before": req.stop_before if req.walltime else None, "account": req.account,
-                "queue": req.queue, "job_name": req.job_name, "constraint": req.constraint, "setup": req.setup,
-                "launcher": req.launcher or None, "launcher_args": req.launcher_args, "program": req.program,
+                "stop_before": req.stop_before if req.walltime else None,
+                "stop_before_explicit": req.stop_before_given, "account": req.account,
+                "queue": req.queue, "qos": req.qos, "job_name": req.job_name, "constraint": req.constraint,
+                "filesystems": req.filesystems, "setup": req.setup, "launcher": req.launcher or None, "mpi": req.mpi,
+                "launcher_args": req.launcher_args, "program": req.program, "directives": list(req.directives),
                 "workdir": str(req.workdir), "command": list(req.command), "env": dict(req.env), "jobs": jobs}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tomli_w.dumps({k: v for k, v in settings.items() if v is not None}))

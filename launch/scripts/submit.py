@@ -49,11 +49,11 @@ def is_active(scheduler: str, job_id: str) -> bool:
         except (ValueError, OSError):
             return False
         return True
-    query = SCHEDULERS[scheduler].active
-    if not query:
+    sched = SCHEDULERS[scheduler]
+    if not sched.active:
         return False
     try:
-        proc = subprocess.run([*query, job_id], capture_output=True, text=True, check=False, timeout=30)
+        proc = subprocess.run([*sched.active, job_id], capture_output=True, text=True, check=False, timeout=30)
     except (OSError, subprocess.TimeoutExpired):
         return False
-    return proc.returncode == 0 and bool(proc.stdout.strip())
+    return proc.returncode == 0 and sched.still_active(proc.stdout)
