@@ -15,6 +15,7 @@ from galapagos.errors import UsageError
 from galapagos.parser import build_parser
 from launch.scripts import (OPTION_KEYS, build_request, is_active, load_settings, load_site, next_script, parse_env,
                             render, save_settings, submit, write_job)
+from launch.scripts.stage import environment, pack_environment
 
 JOB_COMMANDS = ("evolve", "ensemble", "design")
 PATH_OPTIONS = ("--data", "--out", "--config", "--from")
@@ -166,6 +167,10 @@ def launch(args: Any, argv: list[str], say: Callable[[str], None]) -> None:
     req = build_request(opts, command, out, site=site, after=after, generated_by=generated_by,
                         script=Path(args.script).absolute() if args.script else out / "job" / "check.sh")
     render(req)  # scheduler-specific checks, before anything is written
+    if req.stage:  # the environment the compute nodes copy to their local storage (launch/scripts/stage.py)
+        tar = pack_environment(environment(), out / "job")
+        say(f"environment packed for staging: {tar} ({tar.stat().st_size / 2**20:.0f} MiB)")
+        req = replace(req, stage_env=tar)
     if args.script and not req.script.parent.is_dir():
         raise UsageError(f"--script {args.script}: directory {req.script.parent} does not exist")
     if not args.resume:

@@ -161,6 +161,9 @@ def _add_launch(sub) -> None:
     p.add_argument("--srun-mpi", dest="mpi", metavar="TYPE", help="slurm: srun --mpi=TYPE (pmi2, pmix, "
                    "cray_shasta), the PMI the MPI of mpi4py speaks when srun's default does not match it")
     p.add_argument("--launcher-args", help="extra arguments for srun, jsrun, aprun, mpiexec or flux run")
+    p.add_argument("--stage", metavar="DIR", help="before the ranks start, copy this Python environment (packed "
+                   "once into OUT/job) and the --data file to DIR on each node's local storage (e.g. /tmp, "
+                   "/mnt/bb/$USER), and run from there; removed after the run")
     p.add_argument("--program", help="how the compute nodes start galapagos (default: this installation's)")
     p.add_argument("--script", help="where to write the script (default: <out>/job/<scheduler>-<n>.sh)")
     p.add_argument("--submit", action="store_true", help="submit the script and print the job id")

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from launch.scripts.request import JobRequest, JobScriptError
 from launch.scripts.schedulers import SCHEDULERS
+from launch.scripts.stage import environment, stage_cleanup, stage_dir, stage_lines, staged_python
 
 STOP_TEXT = ("Clean stop ahead of the wall time: {how}. The trap notes the request; once every rank catches the "
              "signal (the master touches $GALAPAGOS_READY_FILE after all ranks started: a rank still starting would "
@@ -104,16 +105,43 @@ def render(req: JobRequest) -> tuple[str, dict[str, str]]:
     lines += ["", "# -- environment", "export PYTHONUNBUFFERED=1",
               *(f"export {k}={_shell_value(v)}" for k, v in req.env), f"cd {shlex.quote(str(req.workdir))}"]
     lines += ["", "# -- the run: the command whose resolved config and run directory are pinned here",
-              f"command=({' '.join(shlex.quote(a) for a in _program(req))})", ""]
+              *([stage_dir(req.scheduler, req.stage)] if req.stage else []), f"command=({_command(req)})", ""]
     if place:
         lines += ["# -- where the ranks go", *place, ""]
     cleanup = 'kill "$watchdog_pid" 2>/dev/null || true\n' if watchdog else ""
+    if req.stage:
+        data = _data(req)
+        lines += [*stage_lines(req.scheduler, lay.nodes, req.stage_env or req.job_dir / "env.tar",
+                               Path(data) if data else None), ""]
+        cleanup += stage_cleanup(req.scheduler, lay.nodes) + "\n"
     lines += RUN_BLOCK.format(launch=launch, cleanup=cleanup).splitlines()
     return "\n".join(lines) + "\n", extra
 
 
-def _program(req: JobRequest) -> list[str]:
-    return [*shlex.split(req.program), *req.command]
+def _data(req: JobRequest) -> str | None:
+    tokens = list(req.command)
+    for i, t in enumerate(tokens):
+        if t == "--data" and i + 1 < len(tokens):
+            return tokens[i + 1]
+        if t.startswith("--data="):
+            return t.split("=", 1)[1]
+    return None
+
+
+def _command(req: JobRequest) -> str:
+    """The command's words for the script's array: quoted, except the staged interpreter and data file, which
+    name $stage (expanded by the job's shell)."""
+    if not req.stage:
+        return " ".join(shlex.quote(a) for a in [*shlex.split(req.program), *req.command])
+    words, data = [staged_python(environment()), "-m", "galapagos.cli"], _data(req)
+    for t in req.command:
+        if t == data:
+            words.append(f'"$stage/{Path(data).name}"')
+        elif t == f"--data={data}":
+            words.append(f'--data="$stage/{Path(data).name}"')
+        else:
+            words.append(shlex.quote(t))
+    return " ".join(words)
 
 
 def write_job(req: JobRequest) -> Path:

@@ -58,6 +58,8 @@ class JobRequest:
     mpi: str | None = None  # srun --mpi=<this> (pmi2, pmix, cray_shasta)
     directives: tuple[str, ...] = ()  # extra directive lines, the text after the scheduler's prefix
     stop_before_given: bool = False  # --stop-before (or the site's) was given, not derived from the wall time
+    stage: str = ""  # node-local directory the environment and the data are staged into ("" = none; stage.py)
+    stage_env: Path | None = None  # the packed environment that is staged (made by `launch`)
 
     @property
     def job_dir(self) -> Path:
@@ -176,12 +178,16 @@ def build_request(opts: dict, command: tuple[str, ...], out: Path, *, site: dict
     _check_scheduler_options(scheduler, launcher, qos, filesystems, mpi)
     directives = check_directives(scheduler, opts.get("directives") or ())
     check_queue_limits(site, layout.nodes, seconds, [n for n in dict.fromkeys((opts.get("queue"), qos)) if n])
+    stage = opts.get("stage") or ""
+    if stage and not stage.startswith(("/", "$")):
+        raise JobScriptError(f"--stage {stage!r}: expected an absolute directory on each node's local storage "
+                             "(e.g. /tmp, or /mnt/bb/$USER on Frontier's NVMe)")
     return JobRequest(scheduler, layout, command, out, opts["program"],
                       Path(opts.get("workdir") or Path.cwd()), seconds, stop_before, opts.get("account"),
                       opts.get("queue"), job_name, opts.get("constraint"),
                       tuple((opts.get("env") or {}).items()), opts.get("setup") or "",
                       opts.get("launcher_args") or "", launcher, after, generated_by, script,
-                      qos, filesystems, mpi, directives, given)
+                      qos, filesystems, mpi, directives, given, stage)
 
 
 def _check_scheduler_options(scheduler: str, launcher: str, qos: str | None, filesystems: str | None,
@@ -261,7 +267,7 @@ def next_script(job_dir: Path, scheduler: str) -> Path:
 # -- site profiles and saved settings ------------------------------------------------------------------------------
 OPTION_KEYS = ("scheduler", "nodes", "gpus_per_node", "cpus_per_node", "workers_per_node", "walltime", "stop_before",
                "account", "queue", "qos", "job_name", "constraint", "filesystems", "setup", "launcher", "mpi",
-               "launcher_args", "program")
+               "launcher_args", "program", "stage")
 SITE_KEYS = (*OPTION_KEYS, "directives", "env", "machine", "queues", "description")
 MACHINE_KEYS = ("max_nodes", "gpus_per_node", "cpus_per_node")
 QUEUE_KEYS = ("min_nodes", "max_nodes", "min_walltime", "max_walltime", "bins", "description")
@@ -354,6 +360,7 @@ def save_settings(req: JobRequest, job_id: str | None = None) -> Path:
                 "queue": req.queue, "qos": req.qos, "job_name": req.job_name, "constraint": req.constraint,
                 "filesystems": req.filesystems, "setup": req.setup, "launcher": req.launcher or None, "mpi": req.mpi,
                 "launcher_args": req.launcher_args, "program": req.program, "directives": list(req.directives),
+                "stage": req.stage or None,
                 "workdir": str(req.workdir), "command": list(req.command), "env": dict(req.env), "jobs": jobs}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tomli_w.dumps({k: v for k, v in settings.items() if v is not None}))

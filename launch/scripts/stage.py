@@ -62,12 +62,15 @@ def _newest(prefix: Path) -> float:
     return max(d.stat().st_mtime for d in dirs if d.exists())
 
 
-def stage_lines(scheduler: str, nodes: int, root: str, env_tar: Path, data: Path | None) -> list[str]:
-    """Script lines that set $stage and fill it on every node; `stage_cleanup` empties it after the run."""
+def stage_dir(scheduler: str, root: str) -> str:
+    """The script line that names this job's staging directory, $stage (before the command that uses it)."""
+    return f'stage="{root.rstrip("/")}/galapagos-{JOB_ID[scheduler]}"  # each node\'s local copy (--stage)'
+
+
+def stage_lines(scheduler: str, nodes: int, env_tar: Path, data: Path | None) -> list[str]:
+    """Script lines that fill $stage on every node; `stage_cleanup` removes it after the run."""
     run = per_node(scheduler, nodes)
-    stage = f'{root.rstrip("/")}/galapagos-{JOB_ID[scheduler]}'
-    lines = ["# -- staging (--stage): the environment and the data on each node's local storage",
-             f'stage="{stage}"']
+    lines = ["# -- staging (--stage): the environment and the data on each node's local storage"]
     files = [env_tar, *([data] if data else [])]
     if scheduler == "slurm":
         lines.append(f'{run} mkdir -p "$stage"')
