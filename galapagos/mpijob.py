@@ -283,4 +283,7 @@ def abort(comm: Any, name: str, exc: BaseException, out: str | None) -> None:
             pass
     print(f"galapagos {name}: error on rank 0: {type(exc).__name__}: {exc}{where}; ending the job", file=sys.stderr,
           flush=True)
+    from launch.session import OUTPUT_GRACE
+
+    time.sleep(OUTPUT_GRACE)  # the line reaches the user before the abort ends the launcher's forwarding
     comm.Abort(EXIT_CRASH)

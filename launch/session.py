@@ -10,6 +10,7 @@ import os
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,10 @@ from launch.runtime import MasterState, TaskSource, master_serve, worker_serve
 from launch.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
+
+# Seconds a rank waits between writing its last lines and MPI_Abort: the launcher forwards each rank's output
+# through its own processes, and an abort that comes at once may kill them with the lines still on the way.
+OUTPUT_GRACE = 1.0
 
 
 def _placement(comm: Any, node: Any) -> Placement | None:
@@ -75,6 +80,7 @@ def abort_if_lost(comm: Any, state: MasterState) -> None:
                   ", ".join(map(str, sorted(state.lost))))
         sys.stdout.flush()
         sys.stderr.flush()
+        time.sleep(OUTPUT_GRACE)
         comm.Abort(EXIT_LOST)
         os._exit(EXIT_LOST)  # MPICH's MPI_Abort may return before the launcher kills the job: go on with nothing
 
