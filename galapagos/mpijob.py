@@ -62,12 +62,21 @@ class Flow:
     salvage: Callable[[Any, int], dict | None] | None = None
 
 
+class RunLogHandler(logging.FileHandler):
+    """The run's log file (OUT/log/master.log). A write that fails (a full disk, a file system gone read-only) stops
+    the file, not the run: the error that matters reaches the user from the run itself, in one line, not in a
+    logging traceback."""
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        self.emit = lambda record: None  # type: ignore[method-assign]
+
+
 def setup_logging(rank: int = 0, logfile: Path | None = None) -> None:
     """Rank 0 logs at INFO, workers at WARNING, each line with its rank."""
     fmt = f"%(asctime)s [rank {rank}] %(levelname)s %(message)s"
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
     if logfile is not None:
-        handlers.append(logging.FileHandler(logfile))
+        handlers.append(RunLogHandler(logfile))
     for h in handlers:
         h.setFormatter(logging.Formatter(fmt, "%H:%M:%S"))
     logging.basicConfig(level=logging.INFO if rank == 0 else logging.WARNING, handlers=handlers, force=True)
