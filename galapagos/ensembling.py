@@ -186,8 +186,7 @@ def master_build(comm: Any, job: EnsembleJob) -> dict | None:
     Returns the metrics, or None when a stop signal ended the build before every member was trained."""
     records = job.out.read_journal() if job.resume else []
     shared = start_workers(comm, job)
-    view = ProgressView()
-    source = EnsembleSource(job, records=records, view=view)
+    source = EnsembleSource(job, records=records)
     log.info("training %d of %d ensemble member(s) (%d epochs each, limit %.0f s) on %d worker(s)",
              len(source.pending), len(job.specs), source.train.epochs, source.timeout, comm.size - 1)
     try:

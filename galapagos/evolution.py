@@ -23,6 +23,7 @@ from evolve.engine import Engine
 from evolve.errors import InvalidGenome, SearchExhausted
 from evolve.genome import Genome
 from evolve.problem import Problem
+from evolve.settings import load_function
 from evolve.train import TrainTask
 from galapagos.config import Config, evolve_config, load_config
 from galapagos.errors import NoResult, RunDirError, UsageError
@@ -198,10 +199,8 @@ def seed_genomes(source: str, limit: int) -> list[Genome]:
 
 def check_task(spec: str, key: str = "run.task") -> None:
     """run.task (or train.builder) must name a function this Python can import (every node imports it alike)."""
-    from launch.trainer import load_function
-
     try:
-        fn = load_function(spec)
+        fn = load_function(spec, key)
     except (ImportError, AttributeError, ValueError) as exc:
         raise UsageError(f"{key} {spec!r}: cannot be imported here: {type(exc).__name__}: {exc}") from None
     if not callable(fn):
@@ -250,9 +249,8 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
     start = time.time()
     # The time budget counts the search time of every job of the run, not only this one's.
     deadline = start + 60 * config.run.budget_minutes - spent if config.run.budget_minutes else None
-    view = ProgressView()
     tracker = Tracker.open(config.report, run.path, run.path.name)
-    source = EvolutionSource(engine, config, run, problem, deadline=deadline, view=view, records=records,
+    source = EvolutionSource(engine, config, run, problem, deadline=deadline, records=records,
                              spent=spent, tracker=tracker)
     if records:
         log.info("resuming %s: %d evaluation(s) already done in %.0f s of search", run.path, len(records), spent)

@@ -65,8 +65,7 @@ def line(s: Snapshot) -> str:
 class ProgressView:
     """Rank 0's side: snapshots to the starting process's file when it draws the bar, else log lines."""
 
-    def __init__(self, stream: TextIO | None = None, every: float = 30.0, relay: str | None = None):
-        self.stream = stream or sys.stderr
+    def __init__(self, every: float = 30.0, relay: str | None = None):
         self.relay = Path(relay) if relay else (Path(os.environ[PROGRESS_FILE]) if PROGRESS_FILE in os.environ
                                                  else None)
         self.every, self.last = every, 0.0

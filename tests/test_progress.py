@@ -32,7 +32,7 @@ def test_line_says_what_a_user_wants():
 
 def test_plain_lines_when_no_one_draws_a_bar(caplog, monkeypatch):
     monkeypatch.delenv("GALAPAGOS_PROGRESS_FILE", raising=False)
-    view = ProgressView(io.StringIO(), every=3600)
+    view = ProgressView(every=3600)
     with caplog.at_level(logging.INFO, logger="galapagos"):
         view.show(snap(), force=True)
         view.show(snap(done=13))  # not forced, within `every`: no new line
