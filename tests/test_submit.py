@@ -8,10 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from examples import shapes
-from galapagos.cli import main
 from launch.scripts import JobScriptError
 from launch.scripts.submit import is_active, submit
+from tests.test_jobscript import data, launch  # noqa: F401 - fixture
 
 # A fake scheduler command: records its arguments (and, for bsub, its standard input), then answers as told by
 # FAKE_<NAME>_OUT / _ERR / _RC, so that one test can script each command separately.
@@ -211,20 +210,7 @@ def test_no_query_command_means_not_active(tmp_path, monkeypatch):
 
 
 # -- launch --resume and --chain with a scheduler that answers -----------------------------------------------------
-@pytest.fixture(scope="module")
-def data(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("data") / "shapes.h5"
-    shapes.generate(path, samples=120, size=12, seed=1)
-    return path
-
-
-def launch(capsys, *args) -> tuple[int, str, str]:
-    code = main(["launch", *map(str, args)])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def test_resume_waits_for_a_flux_job_that_is_still_active(fakes, data, tmp_path, capsys):
+def test_resume_waits_for_a_flux_job_that_is_still_active(fakes, data, tmp_path, capsys):  # noqa: F811
     """`launch --resume` asks flux whether the last job is still queued or running and, if so, depends on it."""
     flux = tmp_path / "bin" / "flux"  # `flux batch` prints the id, `flux jobs` the state: FAKE_FLUX_STATE
     flux.write_text('#!/bin/sh\nprintf \'%s\\n\' "$@" >> "$FAKE_DIR/flux.args"\n'
@@ -243,7 +229,7 @@ def test_resume_waits_for_a_flux_job_that_is_still_active(fakes, data, tmp_path,
     assert "--format={state}" in (tmp_path / "flux.args").read_text()
 
 
-def test_chained_follow_ups_take_the_lead_time_of_their_own_wall_time(fakes, data, tmp_path, capsys):
+def test_chained_follow_ups_take_the_lead_time_of_their_own_wall_time(fakes, data, tmp_path, capsys):  # noqa: F811
     """A run started with a 10-hour wall time (lead 600 s), resumed with --walltime 00:30 --submit --chain 1:
     the follow-up and its chained follow-up both stop 180 s (a tenth) ahead, and the second waits for the first."""
     fakes.answer("sbatch", "4242\n")
