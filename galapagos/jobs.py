@@ -170,7 +170,7 @@ def launch(args: Any, argv: list[str], say: Callable[[str], None]) -> None:
     if req.stage:  # the environment the compute nodes copy to their local storage (launch/scripts/stage.py)
         tar = pack_environment(environment(), out / "job")
         say(f"environment packed for staging: {tar} ({tar.stat().st_size / 2**20:.0f} MiB)")
-        req = replace(req, stage_env=tar)
+        req = replace(req, stage_env=tar, stage_data=_path_values(command).get("--data"))
     if args.script and not req.script.parent.is_dir():
         raise UsageError(f"--script {args.script}: directory {req.script.parent} does not exist")
     if not args.resume:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -38,7 +39,8 @@ def test_staged_scripts(scheduler, data, tmp_path):  # noqa: F811
     opts = {"scheduler": scheduler, "nodes": 2, "gpus_per_node": 4, "cpus_per_node": 42, "walltime": "01:00",
             "program": "galapagos", "stage": "/mnt/bb/$USER"}
     cmd = ("evolve", "--data", str(data), "--out", str(tmp_path / "run"), "--evaluations", "4")
-    req = build_request(opts, cmd, tmp_path / "run", script=tmp_path / "run" / "job" / "s.sh")
+    req = replace(build_request(opts, cmd, tmp_path / "run", script=tmp_path / "run" / "job" / "s.sh"),
+                  stage_data=str(data))  # what `launch` takes from the command's --data
     text, _ = render(req)
     lines = text.splitlines()
     subprocess.run(["bash", "-n"], input=text, text=True, check=True)

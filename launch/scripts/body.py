@@ -110,22 +110,11 @@ def render(req: JobRequest) -> tuple[str, dict[str, str]]:
         lines += ["# -- where the ranks go", *place, ""]
     cleanup = 'kill "$watchdog_pid" 2>/dev/null || true\n' if watchdog else ""
     if req.stage:
-        data = _data(req)
         lines += [*stage_lines(req.scheduler, lay.nodes, req.stage_env or req.job_dir / "env.tar",
-                               Path(data) if data else None), ""]
+                               Path(req.stage_data) if req.stage_data else None), ""]
         cleanup += stage_cleanup(req.scheduler, lay.nodes) + "\n"
     lines += RUN_BLOCK.format(launch=launch, cleanup=cleanup).splitlines()
     return "\n".join(lines) + "\n", extra
-
-
-def _data(req: JobRequest) -> str | None:
-    tokens = list(req.command)
-    for i, t in enumerate(tokens):
-        if t == "--data" and i + 1 < len(tokens):
-            return tokens[i + 1]
-        if t.startswith("--data="):
-            return t.split("=", 1)[1]
-    return None
 
 
 def _command(req: JobRequest) -> str:
@@ -133,7 +122,7 @@ def _command(req: JobRequest) -> str:
     name $stage (expanded by the job's shell)."""
     if not req.stage:
         return " ".join(shlex.quote(a) for a in [*shlex.split(req.program), *req.command])
-    words, data = [staged_python(environment()), "-m", "galapagos.cli"], _data(req)
+    words, data = [staged_python(environment()), "-m", "galapagos.cli"], req.stage_data
     for t in req.command:
         if t == data:
             words.append(f'"$stage/{Path(data).name}"')

@@ -60,6 +60,7 @@ class JobRequest:
     stop_before_given: bool = False  # --stop-before (or the site's) was given, not derived from the wall time
     stage: str = ""  # node-local directory the environment and the data are staged into ("" = none; stage.py)
     stage_env: Path | None = None  # the packed environment that is staged (made by `launch`)
+    stage_data: str | None = None  # the command's --data file, staged with it
 
     @property
     def job_dir(self) -> Path:
