@@ -7,7 +7,6 @@ The built model carries its own input (and, for regression, target) normalisatio
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 from typing import Any, Sequence
 
@@ -17,9 +16,10 @@ from torch import nn
 from .errors import InvalidGenome
 from .genome import DENSE_PART_TYPES, SPATIAL_TYPES, Gene, Genome
 from .problem import Problem
+from .settings import load_function
 from .space import SearchSpace, spatial_shape_after
 
-__all__ = ["BuiltNet", "GenomeNet", "Normalized", "build_model", "check_genome", "count_params", "load_builder",
+__all__ = ["BuiltNet", "GenomeNet", "Normalized", "build_model", "check_genome", "count_params",
            "set_normalization"]
 
 _ACTIVATIONS = {
@@ -215,14 +215,6 @@ class GenomeNet(Normalized):
         return self.dense(self.head(self.features(x)))
 
 
-def load_builder(spec: str):
-    """'package.module:function' -> the builder function(genome, problem) -> torch.nn.Module."""
-    module, _, name = spec.partition(":")
-    if not module or not name:
-        raise ValueError(f"train.builder {spec!r}: expected 'module:function'")
-    return getattr(importlib.import_module(module), name)
-
-
 def build_model(genome: Genome, problem: Problem, device: torch.device | str | None = None, *,
                 builder: str = "") -> Normalized:
     """The torch module for a genome; classification gives logits (N, classes), regression (N, T) in target units.
@@ -231,7 +223,9 @@ def build_model(genome: Genome, problem: Problem, device: torch.device | str | N
     Raises :class:`InvalidGenome` when the genome does not fit the problem (e.g. conv genes for tabular data).
     """
     def make() -> Normalized:
-        return BuiltNet(load_builder(builder)(genome, problem), problem) if builder else GenomeNet(genome, problem)
+        if not builder:
+            return GenomeNet(genome, problem)
+        return BuiltNet(load_function(builder, "train.builder")(genome, problem), problem)
 
     if device is None:
         return make()

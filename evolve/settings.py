@@ -8,6 +8,7 @@ validate alike: `train.epochs: expected at least 1, got 0`.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import MISSING, Field, fields
 from typing import Any, ClassVar, Iterable, Mapping, TypeVar
 
@@ -97,3 +98,11 @@ class Table:
     def to_dict(self) -> dict[str, Any]:
         """Plain TOML/JSON types (lists, not tuples)."""
         return {f.name: list(v) if isinstance(v := getattr(self, f.name), tuple) else v for f in fields(self)}
+
+
+def load_function(spec: str, key: str = "function") -> Any:
+    """A config value naming a function, 'package.module:function' (run.task, train.builder) -> the function."""
+    module, _, name = spec.partition(":")
+    if not module or not name:
+        raise ValueError(f"{key} {spec!r}: expected 'module:function'")
+    return getattr(importlib.import_module(module), name)

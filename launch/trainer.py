@@ -6,7 +6,6 @@ Stop (messages: launch/protocol.py).
 """
 from __future__ import annotations
 
-import importlib
 import logging
 import math
 import os
@@ -17,6 +16,7 @@ import warnings
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
+from evolve.settings import load_function
 from launch.protocol import Cancel, Outcome, Progress, Status, Stop, Task, TrainerFailed, TrainerReady, TrainerSetup
 
 log = logging.getLogger(__name__)
@@ -52,14 +52,6 @@ class TaskContext:
             msg = self.conn.recv()
             if isinstance(msg, Cancel) and msg.id == self.task_id:
                 raise Cancelled(msg.status)
-
-
-def load_function(spec: str) -> Callable:
-    """'package.module:function' -> the function."""
-    module, _, name = spec.partition(":")
-    if not name:
-        raise ValueError(f"task function {spec!r}: expected 'module:function'")
-    return getattr(importlib.import_module(module), name)
 
 
 def status_of(exc: BaseException) -> Status:
@@ -144,7 +136,7 @@ def main(fd: int) -> None:
             from datashare.share import open_shared
 
             shared, data = open_shared(setup.data)
-        fn = load_function(setup.task_fn)
+        fn = load_function(setup.task_fn, "task function")
         _setup_cpu(setup.cores, setup.threads)
     except BaseException as exc:  # noqa: BLE001 - tell the supervisor why, then die
         conn.send(TrainerFailed(f"{type(exc).__name__}: {exc}"))
