@@ -7,6 +7,10 @@ forever. This suits thousands of workers finishing at different times: the maste
 
 Every ask draws from its own generator seeded by (seed, candidate id), so a run is determined by its seed and
 the order of tells, and a resumed run (:meth:`Engine.replay`) proposes what the uninterrupted run would have.
+
+With several ``objectives`` (evolve/pareto.py) the population is elitist instead: NSGA-II's survivors (whole
+nondominated fronts, the last cut by crowding distance) among the results so far, and parents win crowded
+tournaments (lower front, then less crowded). Ageing would throw away points of the front that took long to find.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from .build import check_genome
 from .errors import InvalidGenome, SearchExhausted
 from .genome import Genome
 from .operators import crossover, mutate, select
+from .pareto import OBJECTIVES, Values, crowded_tournament, nsga2_rank, nsga2_survivors, objective_values
 from .problem import Problem
 from .settings import Check, Table, is_int
 from .space import SearchSpace
@@ -42,10 +47,11 @@ class EvolutionConfig(Table):
     """The ``[evolution]`` table: search strategy and regularized-evolution settings.
 
     ``mutations = [lo, hi]``: each child gets between lo and hi mutations (uniform); an integer n means exactly n.
+    ``objectives``: what the search optimises (evolve/pareto.py); more than one makes it NSGA-II.
     """
 
     section = "evolution"
-    choices = {"strategy": STRATEGIES}
+    choices = {"strategy": STRATEGIES, "objectives": tuple(OBJECTIVES)}
 
     strategy: str = "evolution"
     population_size: int = 16
@@ -53,6 +59,7 @@ class EvolutionConfig(Table):
     crossover_prob: float = 0.3
     mutations: tuple[int, int] = (1, 2)
     seed: int = 0
+    objectives: tuple[str, ...] = ("fitness",)
 
     def normalise(self) -> dict[str, Any]:
         return {"mutations": (self.mutations, self.mutations)} if is_int(self.mutations) else {}
@@ -66,6 +73,8 @@ class EvolutionConfig(Table):
             ("crossover_prob", 0.0 <= self.crossover_prob <= 1.0, "a probability in [0, 1]"),
             ("mutations", len(m) == 2 and all(is_int(v) for v in m) and 1 <= m[0] <= m[1],
              "an integer >= 1 or [low, high] with 1 <= low <= high"),
+            ("objectives", "fitness" in self.objectives and len(set(self.objectives)) == len(self.objectives),
+             f"a list of distinct names from {', '.join(OBJECTIVES)} that includes fitness"),
         ]
 
 
@@ -105,6 +114,8 @@ class Engine:
             maxlen=self.config.population_size
         )
         self._best: tuple[int, Genome, float] | None = None
+        self._elite: list[tuple[Candidate, Values]] = []  # several objectives: NSGA-II's survivors
+        self._ranked: list[tuple[Candidate, int, float]] | None = None  # the elite's fronts and crowding, cached
         self._seeds: collections.deque[Genome] = collections.deque()  # asked first (warm start)
 
     # --- state ---
@@ -130,6 +141,15 @@ class Engine:
     def population(self) -> list[tuple[Candidate, float | None]]:
         """The ageing population, oldest first: the last ``population_size`` told results (None = failed)."""
         return list(self._population)
+
+    @property
+    def multi_objective(self) -> bool:
+        return len(self.config.objectives) > 1
+
+    @property
+    def elite(self) -> list[tuple[Candidate, Values]]:
+        """Several objectives: the population parents come from (NSGA-II survivors, with their objective values)."""
+        return list(self._elite)
 
     def has_seen(self, genome: Genome | str) -> bool:
         """Whether a genome (or key) was ever asked or told: such a genome is never proposed again."""
@@ -163,7 +183,7 @@ class Engine:
         random_phase = (
             self.config.strategy == "random"
             or self.num_told + len(self._pending) < self.config.population_size
-            or not self._population
+            or not (self._elite if self.multi_objective else self._population)
         )
         if self._seeds:
             genome, parents, origin = self._seeds.popleft(), (), "seed"
@@ -176,13 +196,16 @@ class Engine:
         self._seen.add(genome.key)
         return candidate
 
-    def tell(self, candidate_id: int, fitness: float | None, status: str = "ok") -> None:
-        """Report a result. ``fitness`` None (failed, timeout, NaN, crash) or non-finite counts as the worst."""
+    def tell(self, candidate_id: int, fitness: float | None, status: str = "ok", values: Values | None = None
+             ) -> None:
+        """Report a result. ``fitness`` None (failed, timeout, NaN, crash) or non-finite counts as the worst.
+        With several objectives, ``values`` holds one per objective (:func:`objective_values`); None leaves the
+        candidate out of the population."""
         candidate = self._pending.pop(candidate_id, None)
         if candidate is None:
             what = "already told" if candidate_id in self._told else "never asked"
             raise KeyError(f"tell: candidate {candidate_id} is not pending ({what})")
-        self._record(candidate, fitness, status)
+        self._record(candidate, fitness, status, values)
 
     def replay(self, records: Iterable[Mapping[str, Any]]) -> int:
         """Rebuild state from journal records (``id``, ``genome``, ``parents``, ``fitness``, ``status``), in order,
@@ -206,19 +229,25 @@ class Engine:
             except InvalidGenome as e:
                 raise InvalidGenome(f"replay: record {i} (id {cid}): {e}") from None
             parents = tuple(int(p) for p in (rec.get("parents") or ()))
-            origin = rec.get("origin") or ("random" if not parents else "mutation" if len(parents) == 1 else "crossover")
+            origin = rec.get("origin") or ("random" if not parents else
+                                           "mutation" if len(parents) == 1 else "crossover")
             candidate = self._pending.pop(cid, None) or Candidate(cid, genome, parents, origin)
             self._seen.add(genome.key)
             self._next_id = max(self._next_id, cid + 1)
-            self._record(candidate, rec.get("fitness"), rec.get("status", "ok"))
+            values = objective_values(rec, self.config.objectives) if self.multi_objective else None
+            self._record(candidate, rec.get("fitness"), rec.get("status", "ok"), values)
             applied += 1
         return applied
 
     # --- internals ---
-    def _record(self, candidate: Candidate, fitness: float | None, status: str) -> None:
+    def _record(self, candidate: Candidate, fitness: float | None, status: str, values: Values | None) -> None:
         value = _clean_fitness(fitness)
         self._told.add(candidate.id)
         self._population.append((candidate, value))
+        if self.multi_objective and value is not None and values is not None:
+            pairs = [((c, v), v) for c, v in self._elite + [(candidate, tuple(values))]]
+            self._elite = nsga2_survivors(pairs, self.config.population_size, self.config.objectives)
+            self._ranked = None
         if value is not None and (self._best is None or value > self._best[2]):
             self._best = (candidate.id, candidate.genome, value)
         log.debug("told %d (%s): fitness %s", candidate.id, status, value)
@@ -239,16 +268,24 @@ class Engine:
             f"the search space seems exhausted or too tight (widen [space]){reason}"
         )
 
+    def _select(self, k: int, rng: random.Random) -> list[Candidate]:
+        """``k`` parents: tournament winners by fitness, or with several objectives crowded-tournament winners."""
+        if not self.multi_objective:
+            return select(list(self._population), k, self.config.tournament_size, rng)
+        if self._ranked is None:
+            self._ranked = nsga2_rank(self._elite, self.config.objectives)
+        return crowded_tournament(self._ranked, k, self.config.tournament_size, rng)
+
     def _breed(self, rng: random.Random) -> tuple[Genome, tuple[int, ...], str] | None:
         cfg = self.config
-        population = list(self._population)
+        size = len(self._elite if self.multi_objective else self._population)
         for _ in range(_BREED_TRIES):
-            if len(population) >= 2 and rng.random() < cfg.crossover_prob:
-                a, b = select(population, 2, cfg.tournament_size, rng)
+            if size >= 2 and rng.random() < cfg.crossover_prob:
+                a, b = self._select(2, rng)
                 if a.id == b.id:
-                    (b,) = select(population, 1, cfg.tournament_size, rng)
+                    (b,) = self._select(1, rng)
             else:
-                a = b = select(population, 1, cfg.tournament_size, rng)[0]
+                a = b = self._select(1, rng)[0]
             if a.id != b.id:
                 child, parents, origin = crossover(a.genome, b.genome, rng), (a.id, b.id), "crossover"
             else:

@@ -7,6 +7,7 @@ the device has it, else fp16 with loss scaling).
 from __future__ import annotations
 
 import math
+import statistics
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -106,6 +107,27 @@ def _check_finite(total: torch.Tensor, epoch: int, batches: int) -> None:
         raise NonFiniteLoss(f"training loss is {total.item()} by epoch {epoch}, batch {batches}")
 
 
+# Forward passes of one sample timed for a candidate's latency (after two untimed ones); the median is kept.
+LATENCY_RUNS = 10
+
+
+@torch.inference_mode()
+def latency_ms(model: torch.nn.Module, x: torch.Tensor, device: torch.device, autocast) -> float:
+    """Milliseconds for one sample's forward pass on `device`, in eval mode and the training's precision: what the
+    objective `latency` minimises (evolve/pareto.py)."""
+    model.eval()
+    sync = getattr(torch, device.type).synchronize if device.type in GPU_TYPES else (lambda: None)
+    sample, times = x[0:1], []
+    with autocast():
+        for _ in range(LATENCY_RUNS + 2):
+            sync()
+            t0 = time.perf_counter()
+            model(sample)
+            sync()
+            times.append(time.perf_counter() - t0)
+    return 1000 * statistics.median(times[2:])
+
+
 def _autocast_for(device: torch.device, enabled: bool):
     if device.type in GPU_TYPES and enabled:
         bf16 = getattr(getattr(torch, device.type), "is_bf16_supported", lambda: device.type == "xpu")()
@@ -198,6 +220,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     summary = {"fitness": best["fitness"], "best_epoch": best["epoch"], "epochs": config.epochs,
                "train_seconds": time.perf_counter() - t0,
                "params": sum(p.numel() for p in model.parameters()),
+               "latency_ms": latency_ms(model, xva, device, autocast),
                **{k: v for k, v in best.items() if k not in ("epoch", "fitness")}}
     if amp_dtype is not None:
         summary["precision"] = str(amp_dtype).replace("torch.", "")

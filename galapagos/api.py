@@ -43,24 +43,29 @@ def design(data: PathLike, out: PathLike, *, config: PathLike | None = None, set
 
 def ensemble(from_run: PathLike, data: PathLike, out: PathLike, *, members: int | None = None,
              strategy: str | None = None, set: tuple[str, ...] = (), workers: int | None = None,
-             resume: bool = False) -> dict | None:
+             resume: bool = False, pick: str | None = None) -> dict | None:
     """Train an ensemble from the best networks of the run `from_run` into `out` and select its members on val.
 
-    `strategy`: "distinct", "seeds" or "mixed". Returns the metrics (as in `out`/metrics.json) with
+    `strategy`: "distinct", "seeds" or "mixed"; `pick`: members only from the evaluations that meet it (an id or
+    constraints like "params<=100000,latency<=2"). Returns the metrics (as in `out`/metrics.json) with
     `ensemble_dir`, or {"ensemble_dir", "stopped_by"} when a stop signal ended the build first.
     """
     return run("ensemble", EnsembleOptions(str(from_run), str(data), str(out), members, strategy, tuple(set),
-                                           workers, resume))
+                                           workers, resume, pick))
 
 
 def predict(model: PathLike, data: PathLike, split: str = "test", *, save: PathLike | None = None,
-            batch: int = 1024, ranks: int | None = None, member_outputs: bool = True) -> dict | None:
-    """Score a network (a run directory or its best/) or an ensemble directory on `split` of `data`.
+            batch: int = 1024, ranks: int | None = None, member_outputs: bool = True, pick: str | None = None
+            ) -> dict | None:
+    """Score a network (a run directory or its best/) or an ensemble directory on `split` of `data`. With `pick`
+    (an id, or constraints like "params<=100000,latency<=2") `model` is a run directory and the network is the
+    member of its Pareto front that the pick names (the best fitness of those meeting the constraints).
 
     Returns accuracy, nll and ece (classification) or mse, mae, r2 and per_target (regression); for an ensemble
     also each member's scores and the uncertainty. `save` writes the predictions to an HDF5 file.
     """
-    return run("predict", PredictOptions(str(model), str(data), split, _str(save), batch, ranks, member_outputs))
+    return run("predict", PredictOptions(str(model), str(data), split, _str(save), batch, ranks, member_outputs,
+                                         pick))
 
 
 def load(path: PathLike, device: str = "cpu") -> Any:

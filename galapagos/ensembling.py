@@ -27,6 +27,7 @@ from evolve.build import count_params
 from evolve.files import write_json
 from evolve.genome import Genome
 from evolve.netdir import ModelError, NetworkDir
+from evolve.pareto import parse_pick
 from evolve.problem import Problem
 from evolve.train import TrainTask
 from galapagos.config import Config, ensemble_overrides, load_config
@@ -34,7 +35,7 @@ from galapagos.mpijob import Flow, end_when_done, setup_logging, starting
 from galapagos.options import EnsembleOptions
 from galapagos.progress import ProgressView, Snapshot
 from galapagos.sources import JournalSource
-from galapagos.errors import RunDirError
+from galapagos.errors import RunDirError, UsageError
 from galapagos.rundir import RunDir
 from launch.protocol import Result, Setup, Status, Task
 from launch.runtime import master_serve, stop_signal
@@ -59,7 +60,7 @@ class EnsembleJob:
 
 
 def prepare(source: str | Path, data: str | Path, out: str | Path, *, sets: list[str] = (),
-            overrides: dict | None = None, resume: bool = False) -> EnsembleJob:
+            overrides: dict | None = None, resume: bool = False, pick: str | None = None) -> EnsembleJob:
     """Check the run, the data and the output directory, and resolve the config and the plan of members.
 
     The config is the run's own config.toml (or, with `resume`, the ensemble's), then `sets`, then `overrides`.
@@ -83,9 +84,11 @@ def prepare(source: str | Path, data: str | Path, out: str | Path, *, sets: list
         config = load_config(dst.config, sets)
         changed = {k: v for k, v in (overrides or {}).items()
                    if getattr(config.ensemble, k.split(".")[1]) != v}  # the same values as the plan's are fine
+        if pick is not None:
+            changed["pick"] = pick
         if changed:
             raise RunDirError(f"--resume continues the plan in {plan} ({config.ensemble.members} members, strategy "
-                              f"{config.ensemble.strategy}); --members and --strategy cannot change it")
+                              f"{config.ensemble.strategy}); --members, --strategy and --pick cannot change it")
     else:
         if dst.path.exists() and any(dst.path.iterdir()):
             raise RunDirError(f"--out {dst.path} exists and is not empty; use --resume or a new --out")
@@ -99,8 +102,17 @@ def prepare(source: str | Path, data: str | Path, out: str | Path, *, sets: list
         except (ValueError, TypeError) as exc:
             raise RunDirError(f"--resume: unreadable {plan}: {exc}") from None
     else:
+        records = src.read_journal()
+        if pick is not None:
+            try:
+                test = parse_pick(pick)
+            except ValueError as exc:
+                raise UsageError(str(exc)) from None
+            records = [r for r in records if r.get("status") == "ok" and test(r)]
+            if not records:
+                raise RunDirError(f"--pick {pick}: no finished evaluation of {source} meets it")
         try:
-            specs = choose_members(src.read_journal(), members=config.ensemble.members,
+            specs = choose_members(records, members=config.ensemble.members,
                                    strategy=config.ensemble.strategy, seed=config.ensemble.seed, run=str(src.path))
         except ValueError as exc:
             raise RunDirError(f"--from {exc}") from None
@@ -257,7 +269,7 @@ def _brief(sel: Selection) -> dict:
 
 
 def check(opts: EnsembleOptions) -> EnsembleJob:
-    return prepare(opts.from_run, opts.data, opts.out, sets=opts.set, resume=opts.resume,
+    return prepare(opts.from_run, opts.data, opts.out, sets=opts.set, resume=opts.resume, pick=opts.pick,
                    overrides=ensemble_overrides(opts.members, opts.strategy))
 
 

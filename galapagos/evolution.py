@@ -9,6 +9,7 @@ import bisect
 import json
 import logging
 import random
+import shutil
 import statistics
 import time
 from collections import defaultdict
@@ -22,6 +23,8 @@ from evolve.build import check_genome, count_params
 from evolve.engine import Engine
 from evolve.errors import InvalidGenome, SearchExhausted
 from evolve.genome import Genome
+from evolve.netdir import NetworkDir
+from evolve.pareto import OBJECTIVES, Front, objective_values
 from evolve.problem import Problem
 from evolve.settings import load_function
 from evolve.train import TrainTask
@@ -61,8 +64,14 @@ class EvolutionSource(JournalSource):
         self.by_epoch: dict[int, list[float]] = defaultdict(list)  # epoch -> fitness of finished candidates
         self.best: dict | None = None
         self.top: list[tuple[float, int]] = []  # (fitness, id) of the evaluations whose weights are kept
+        objectives = config.evolution.objectives
+        self.front = Front(objectives) if len(objectives) > 1 else None  # kept in front/ and pareto.json
+        self.front_rows: dict[int, dict] = {}  # id -> its line in pareto.json
+        self.unmeasured = False  # an evaluation lacked an objective's value (warned once)
         for r in self.records:
-            self._learn(r)
+            self._learn(r, live=False)
+        if self.front is not None:
+            self._sync_front()
         self.run.prune_models([i for _, i in self.top])  # weights of tasks that were running when a run was killed
         self.exhausted: str | None = None  # why the space has no new genome left
         self.clocked = 0.0  # when clock.json was last written
@@ -105,21 +114,28 @@ class EvolutionSource(JournalSource):
         if record is None:  # cancelled: a resumed run breeds afresh
             self.run.model_path(r.id).unlink(missing_ok=True)
             return
-        self.engine.tell(r.id, r.fitness, r.status)
+        self.engine.tell(r.id, r.fitness, r.status, objective_values(record, self.config.evolution.objectives))
         if self.tracker is not None:
             self.tracker.log(record)
         if self._learn(record):
-            builder = {"builder": self.config.train.builder} if self.config.train.builder else {}
-            self.run.save_best(record, {"problem": self.problem.to_dict(), **builder, "describe":
-                                        Genome.from_json(record["genome"]).describe()})
+            self.run.save_network(self.run.best, record, self._network_extra(record))
         if r.status not in (Status.OK, Status.PRUNED):
             self.warn(f"eval {r.id}", r)
 
-    def _learn(self, record: dict) -> bool:
-        """Take in one finished evaluation; True if it is the new best."""
+    def _network_extra(self, record: dict) -> dict:
+        """What a saved network's metrics.json holds besides the record's own values."""
+        builder = {"builder": self.config.train.builder} if self.config.train.builder else {}
+        return {"problem": self.problem.to_dict(), **builder,
+                "describe": Genome.from_json(record["genome"]).describe()}
+
+    def _learn(self, record: dict, live: bool = True) -> bool:
+        """Take in one finished evaluation; True if it is the new best. `live`: it just finished (its weights are
+        fresh), rather than read back from the journal of a resumed run."""
         if record["status"] != Status.OK:  # failures and pruned candidates leave no weights worth keeping
             self.run.model_path(record["id"]).unlink(missing_ok=True)
             return False
+        if self.front is not None:
+            self._place(record, live)
         curve = record.get("curve", [])
         for epoch in range(1, len(curve) + 1):
             self.by_epoch[epoch].append(max(curve[:epoch]))
@@ -131,6 +147,51 @@ class EvolutionSource(JournalSource):
             self.best = record
             return True
         return False
+
+    def _place(self, record: dict, live: bool) -> None:
+        """Several objectives: put the evaluation on the Pareto front if nothing found so far beats it on every
+        objective; its network goes to front/ID (before its weights can be pruned from models/) and the members it
+        beats leave."""
+        objectives = self.config.evolution.objectives
+        values = objective_values(record, objectives)
+        if values is None:
+            if not self.unmeasured:
+                self.unmeasured = True
+                self.view.message(f"eval {record['id']}: no value for one of the objectives {', '.join(objectives)}"
+                                  " (latency is metrics.latency_ms, which a task function of its own must report);"
+                                  " evaluations without one stay off the Pareto front")
+            return
+        removed = self.front.add(record["id"], values)
+        if removed is None:
+            return
+        self.front_rows[record["id"]] = {"id": record["id"], "dir": f"{self.run.front.name}/{record['id']}",
+                                         "fitness": record["fitness"], "params": record["params"],
+                                         "latency_ms": record["metrics"].get("latency_ms"), "key": record["key"]}
+        for k in removed:
+            del self.front_rows[k]
+        if live:
+            self.run.save_network(self.run.front / str(record["id"]), record, self._network_extra(record))
+            for k in removed:
+                shutil.rmtree(self.run.front / str(k), ignore_errors=True)
+            self._save_pareto()
+
+    def _sync_front(self) -> None:
+        """A resumed run: front/ holds exactly the members of the front the journal gives."""
+        if self.run.front.is_dir():
+            for d in self.run.front.iterdir():
+                if not (d.name.isdigit() and int(d.name) in self.front_rows):
+                    shutil.rmtree(d, ignore_errors=True)
+        by_id = {r["id"]: r for r in self.records}
+        for i in self.front_rows:
+            if not NetworkDir(self.run.front / str(i)).complete() and self.run.model_path(i).exists():
+                self.run.save_network(self.run.front / str(i), by_id[i], self._network_extra(by_id[i]))
+        self._save_pareto()
+
+    def _save_pareto(self) -> None:
+        objectives = self.config.evolution.objectives
+        self.run.save(self.run.pareto, {
+            "objectives": [[o, "max" if OBJECTIVES[o][0] > 0 else "min"] for o in objectives],
+            "members": sorted(self.front_rows.values(), key=lambda m: (-m["fitness"], m["id"]))})
 
     def judge(self, task_id: int) -> Status | None:
         """Median stopping: a candidate whose best so far is below the median of finished ones at this epoch."""
@@ -289,6 +350,8 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
     if state.lost:
         summary["lost_ranks"] = sorted(state.lost)
         end_when_done(comm, state)
+    if source.front is not None:
+        summary["pareto_front"] = len(source.front.members)
     if source.exhausted:
         summary["ended_early"] = source.exhausted
     run.save(run.summary, summary)

@@ -20,7 +20,8 @@ import numpy as np
 
 from ensemble.store import is_ensemble, load_manifest
 from galapagos.errors import RunDirError
-from galapagos.reports import format_metrics, format_summary, run_report
+from evolve.pareto import Front, objective_values
+from galapagos.reports import format_metrics, format_pareto, format_summary, run_report
 from galapagos.rundir import RunDir
 
 COLORS = {"ok": "#2a9d8f", "pruned": "#e9c46a", "failed": "#e76f51", "timeout": "#9b5de5", "crashed": "#d62828",
@@ -103,30 +104,25 @@ def progress_plot(page: Page, records: list[dict], compare: tuple[str, list[dict
     page.figure(fig, "Best fitness over evaluations and over time" + (f", beside {compare[0]}" if compare else ""))
 
 
-def pareto(points: list[tuple[int, float]]) -> list[tuple[int, float]]:
-    """The non-dominated (parameters, fitness) points: none smaller and at least as fit."""
-    front, best = [], -np.inf
-    for p, f in sorted(points, key=lambda q: (q[0], -q[1])):
-        if f > best:
-            front.append((p, f))
-            best = f
-    return front
-
-
-def size_plot(page: Page, records: list[dict]) -> None:
+def cost_plot(page: Page, records: list[dict], cost: str) -> None:
+    """Fitness against one cost objective (params or latency), with the front of the two (fitter and cheaper)."""
     plt = _plt()
-    ok = [(r["params"], r["fitness"]) for r in records if r["status"] == "ok" and r["fitness"] is not None
-          and r.get("params")]
+    ok = [r for r in records if r["status"] == "ok" and objective_values(r, ("fitness", cost)) is not None]
+    label = {"params": "parameters", "latency": "latency (ms per sample)"}[cost]
     fig, ax = plt.subplots(figsize=(7, 4))
     if ok:
-        ax.scatter(*zip(*ok), s=12, alpha=.5, color=COLORS["ok"], label="evaluations")
-        front = pareto(ok)
-        ax.step(*zip(*front), "-o", where="post", color="#264653", ms=4, label="Pareto front")
+        ax.scatter(*zip(*(objective_values(r, (cost, "fitness")) for r in ok)), s=12, alpha=.5, color=COLORS["ok"],
+                   label="evaluations")
+        front = Front(("fitness", cost))
+        for r in ok:
+            front.add(r["id"], objective_values(r, ("fitness", cost)))
+        steps = sorted((c, f) for f, c in front.members.values())
+        ax.step(*zip(*steps), "-o", where="post", color="#264653", ms=4, label="Pareto front")
         ax.set_xscale("log")
         ax.legend()
-    ax.set(xlabel="parameters", ylabel="fitness")
+    ax.set(xlabel=label, ylabel="fitness")
     ax.grid(alpha=.3)
-    page.figure(fig, "Fitness against parameter count, with the Pareto front (fitter and smaller)")
+    page.figure(fig, f"Fitness against {label}, with the Pareto front of the two (fitter and cheaper)")
 
 
 def curves_plot(page: Page, records: list[dict], top: int = 8) -> None:
@@ -282,7 +278,11 @@ def write_report(path: str | Path, out: str | Path, *, compare: str | Path | Non
         page.heading("Search")
         page.text(format_summary(report))
         progress_plot(page, records, other)
-        size_plot(page, records)
+        if "pareto" in report:
+            page.text(format_pareto(report))
+        cost_plot(page, records, "params")
+        if any((r.get("metrics") or {}).get("latency_ms") for r in records):
+            cost_plot(page, records, "latency")
         curves_plot(page, records)
         timeline_plot(page, records)
         genealogy_plot(page, records)

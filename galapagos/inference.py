@@ -1,6 +1,8 @@
 """Scoring a saved network, or an ensemble of them, on any split of any file in the format."""
 from __future__ import annotations
 
+import dataclasses
+import json
 import logging
 import os
 from pathlib import Path
@@ -16,6 +18,7 @@ from ensemble.metrics import classification_metrics, regression_metrics
 from ensemble.store import EnsembleError, Manifest, is_ensemble, load_manifest, member_dir
 from evolve.genome import Genome
 from evolve.netdir import ModelError, NetworkDir
+from evolve.pareto import best_pick
 from evolve.problem import Problem
 from galapagos.errors import UsageError
 from galapagos.options import PredictOptions
@@ -210,6 +213,27 @@ def _save(path: str | Path, avg: Averaged, y: np.ndarray, info: DatasetInfo, *, 
             f.attrs["target_names"] = np.array(info.target_names, dtype=h5py.string_dtype())
 
 
+def pick_network(run: str | Path, spec: str) -> str:
+    """`--model RUN --pick SPEC`: the directory of the member of the run's Pareto front that SPEC names."""
+    pareto = Path(run) / "pareto.json"
+    if not pareto.exists():
+        raise UsageError(f"--pick: {run} has no pareto.json: only the directory of a run with several [evolution] "
+                         "objectives keeps a Pareto front")
+    try:
+        members = json.loads(pareto.read_text())["members"]
+        chosen = best_pick([{**m, "metrics": {"latency_ms": m["latency_ms"]}} for m in members], spec)
+    except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"--pick: unreadable {pareto}: {exc!r}") from None
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    if chosen is None:
+        front = "; ".join(f"id {m['id']}: fitness {m['fitness']:.4f}, params {m['params']}, latency_ms "
+                          f"{m['latency_ms'] if m['latency_ms'] is None else round(m['latency_ms'], 3)}"
+                          for m in members)
+        raise UsageError(f"--pick {spec}: no network on the Pareto front of {run} meets it; the front holds {front}")
+    return str(Path(run) / chosen["dir"])
+
+
 def used_members(path: str | Path) -> int | None:
     """How many members predicting with `path` averages; None when it is a single network, not an ensemble."""
     return len(load_manifest(path).used) if is_ensemble(path) else None
@@ -225,6 +249,8 @@ def run(opts: PredictOptions) -> dict | None:
     if comm is not None:
         check_wired(comm)
     rank0 = comm is None or comm.rank == 0
+    if opts.pick is not None:
+        opts = dataclasses.replace(opts, model=pick_network(opts.model, opts.pick), pick=None)
     if opts.batch < 1:
         raise UsageError(f"--batch {opts.batch}: must be at least 1")
     if opts.ranks is not None and opts.ranks < 1:

@@ -53,6 +53,7 @@ class EnsembleOptions(_Options):
     set: tuple[str, ...] = ()
     workers: int | None = None
     resume: bool = False
+    pick: str | None = None  # only evaluations that meet it (evolve/pareto.py: an id or constraints)
 
 
 @dataclass(frozen=True)
@@ -64,3 +65,4 @@ class PredictOptions(_Options):
     batch: int = 1024
     ranks: int | None = None
     member_outputs: bool = True
+    pick: str | None = None  # a network of the run's Pareto front (evolve/pareto.py: an id or constraints)

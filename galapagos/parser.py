@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("predict", help="score a saved network or an ensemble on a split of a dataset")
     pr.add_argument("--model", required=True, help="a run's best/ directory (or the run directory), or an "
                     "ensemble directory (members averaged over MPI ranks)")
+    pr.add_argument("--pick", metavar="ID|CONSTRAINTS", help="with --model RUN: a network of the run's Pareto front "
+                    "(several [evolution] objectives), by evaluation id or as the best fitness meeting constraints "
+                    "such as 'params<=100000,latency<=2' (latency in ms)")
     pr.add_argument("--data", required=True)
     pr.add_argument("--split", default="test", choices=("train", "val", "test"))
     pr.add_argument("--json", action="store_true", help="print one JSON object")
@@ -48,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     en.add_argument("--data", required=True, help="HDF5 dataset (the one the run evolved for, or one like it)")
     en.add_argument("--out", required=True, help="ensemble directory (new, or with --resume an unfinished one)")
     en.add_argument("--members", type=int, help="members to train (default: ensemble.members)")
+    en.add_argument("--pick", metavar="ID|CONSTRAINTS", help="members only from the run's evaluations that meet "
+                    "constraints such as 'params<=100000,latency<=2' (latency in ms), or one evaluation's id")
     en.add_argument("--strategy", choices=["distinct", "seeds", "mixed"],
                     help="members from the best distinct genomes, the best genome with new seeds, or half each")
     en.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one value of the run's config, "

@@ -43,6 +43,8 @@ def format_summary(s: dict) -> str:
     if s.get("initial_population_best") is not None:
         lines.append(f"initial population: best {s['initial_population_best']:.4f}, "
                      f"median {s['initial_population_median']:.4f}")
+    if s.get("pareto_front"):
+        lines.append(f"Pareto front: {s['pareto_front']} network(s) in front/ (see `galapagos report`)")
     if "worker_utilization" in s:
         lines.append(f"worker utilization: {100 * s['worker_utilization']:.1f}% of {s['workers']} workers over "
                      f"{s['wall_seconds']:.0f} s")
@@ -131,10 +133,24 @@ def run_report(path: str | Path, top: int = 5) -> dict:
     best = sorted((r for r in records if r["fitness"] is not None), key=lambda r: -r["fitness"])[:top]
     summary["top"] = [{"id": r["id"], "fitness": r["fitness"], "status": r["status"],
                        "genome": Genome.from_json(r["genome"]).describe()} for r in best]
+    if run.pareto.exists():
+        summary["pareto"] = json.loads(run.pareto.read_text())
+        summary["pareto_front"] = len(summary["pareto"]["members"])
     built = path / "ensemble" / "metrics.json"
     if built.exists():
         summary["ensemble"] = json.loads(built.read_text())
     return {"kind": "design" if built.exists() else "run", "dir": str(path), **summary}
+
+
+def format_pareto(report: dict) -> str:
+    """The run's Pareto front (several objectives), one member per line, best fitness first."""
+    lines = [f"Pareto front ({', '.join(f'{k} {v}' for k, v in report['pareto']['objectives'])}); "
+             f"predict --model {report['dir']} --pick ID:",
+             f"  {'id':>5}  {'fitness':>7}  {'params':>10}  {'latency_ms':>10}"]
+    lines += [f"  {m['id']:>5}  {m['fitness']:.4f}  {m['params']:>10,}  "
+              + ("         -" if m["latency_ms"] is None else f"{m['latency_ms']:>10.3f}")
+              for m in report["pareto"]["members"]]
+    return "\n".join(lines)
 
 
 def format_run_report(report: dict) -> str:
@@ -144,6 +160,8 @@ def format_run_report(report: dict) -> str:
     if report["top"]:
         lines.append(f"top {len(report['top'])}:")
         lines += [f"  {r['id']:>5}  {r['fitness']:.4f}  {r['status']:<6} {r['genome']}" for r in report["top"]]
+    if "pareto" in report:
+        lines.append(format_pareto(report))
     if "ensemble" in report:
         lines += [f"ensemble ({report['dir']}/ensemble):", format_metrics(report["ensemble"])]
     return "\n".join(lines)

@@ -50,6 +50,8 @@ class RunDir:
         self.config = self.path / "config.toml"
         self.summary = self.path / "summary.json"
         self.best = self.path / "best"
+        self.front = self.path / "front"  # several objectives: one network directory per member of the Pareto front
+        self.pareto = self.path / "pareto.json"
         self.models = self.path / "models"
         self.logs = self.path / "log"
         self.data = self.path / "data.json"
@@ -177,16 +179,17 @@ class RunDir:
     def model_path(self, eval_id: int) -> Path:
         return self.models / f"{eval_id}.pt"
 
-    def save_best(self, record: dict, extra: dict) -> None:
-        """Copy an evaluation's weights, genome and metrics into best/ (each file replaced atomically)."""
+    def save_network(self, dest: Path, record: dict, extra: dict) -> None:
+        """Copy an evaluation's weights, genome and metrics into a network directory, best/ or front/ID (each file
+        replaced atomically)."""
         src = self.model_path(record["id"])
         try:
-            NetworkDir(self.best).write(record["genome"], {**extra, "id": record["id"], "fitness": record["fitness"],
+            NetworkDir(dest).write(record["genome"], {**extra, "id": record["id"], "fitness": record["fitness"],
                                                            "metrics": record["metrics"], "params": record["params"],
                                                            "key": record["key"]},
                                         weights_from=src if src.exists() else None)
         except OSError as exc:
-            raise self.write_error(self.best, exc) from None
+            raise self.write_error(dest, exc) from None
 
     def check_room(self, files: int, params: int) -> None:
         """Refuse to start when the disk under the run cannot hold `files` weights files of up to `params`

@@ -14,7 +14,7 @@ import pytest
 from tests.test_evolve_run import SMALL, galapagos, shapes_file  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.mpi
-RUN_PLOTS = 6  # progress, size, curves, timeline, genealogy, status
+RUN_PLOTS = 7  # progress, size, latency, curves, timeline, genealogy, status
 ENSEMBLE_PLOTS = 2  # members and weights; calibration and uncertainty
 
 
