@@ -48,6 +48,8 @@ class EvolutionConfig(Table):
 
     ``mutations = [lo, hi]``: each child gets between lo and hi mutations (uniform); an integer n means exactly n.
     ``objectives``: what the search optimises (evolve/pareto.py); more than one makes it NSGA-II.
+    ``inherit``: a bred child starts from its first parent's trained weights where the layers match
+    (evolve/inherit.py); the run keeps the weights of the population for it.
     """
 
     section = "evolution"
@@ -60,6 +62,7 @@ class EvolutionConfig(Table):
     mutations: tuple[int, int] = (1, 2)
     seed: int = 0
     objectives: tuple[str, ...] = ("fitness",)
+    inherit: bool = True  # children start from a parent's trained weights where the layers match
 
     def normalise(self) -> dict[str, Any]:
         return {"mutations": (self.mutations, self.mutations)} if is_int(self.mutations) else {}

@@ -6,6 +6,7 @@ the device has it, else fp16 with loss scaling).
 """
 from __future__ import annotations
 
+import logging
 import math
 import statistics
 import time
@@ -19,9 +20,13 @@ from datashare.plan import split_arrays
 
 from evolve.build import build_model, set_normalization
 from evolve.genome import Genome
+from evolve.inherit import inherit_weights
 from evolve.netdir import save_weights
 from evolve.problem import Problem
 from evolve.settings import Check, Table
+
+
+log = logging.getLogger(__name__)
 
 
 class NonFiniteLoss(FloatingPointError):
@@ -40,11 +45,13 @@ class TrainConfig(Table):
     grad_clip: float = 5.0
     mixed_precision: bool = True  # on GPUs only
     builder: str = ""  # "module:function" making each network from its genome; "" = Galapagos's own (GenomeNet)
+    inherited_epochs: int = 0  # epochs of a child that inherited at least half its parameters; 0 = epochs
 
     def checks(self) -> list[Check]:
         return [("epochs", self.epochs >= 1, "at least 1"),
                 ("max_train_samples", self.max_train_samples >= 0, "at least 0 (0 = the whole training split)"),
                 ("eval_batch_size", self.eval_batch_size >= 1, "at least 1"),
+                ("inherited_epochs", 0 <= self.inherited_epochs <= self.epochs, f"0 to epochs ({self.epochs})"),
                 ("grad_clip", self.grad_clip >= 0, "at least 0"),
                 ("builder", not self.builder or ":" in self.builder, "module:function, or \"\"")]
 
@@ -149,10 +156,12 @@ def _optimizer(genome: Genome, params, device: torch.device) -> torch.optim.Opti
 
 def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torch.Tensor, torch.Tensor]],
                     config: TrainConfig, *, device: str | torch.device = "cpu", seed: int = 0,
-                    report: Callable[[dict], None] | None = None, stats: dict | None = None) -> tuple[dict, dict]:
+                    report: Callable[[dict], None] | None = None, stats: dict | None = None,
+                    parent: dict | None = None) -> tuple[dict, dict]:
     """Train `genome` on data['train'], score it on data['val'] after every epoch; keep the best epoch.
 
     Returns (summary, state_dict of the best epoch). `report` gets each epoch's metrics (it may raise to stop).
+    `parent`: a parent's state_dict, inherited where the layers match (evolve/inherit.py).
     """
     device = torch.device(device)
     torch.manual_seed(seed)
@@ -160,12 +169,15 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     xva, yva = data["val"]
     model = build_model(genome, problem, builder=config.builder)
     set_normalization(model, **(stats or normalization_stats(xtr, ytr, problem.task)))
+    inherited = inherit_weights(model, parent) if parent else None
     model.to(device)
     amp_dtype, autocast = _autocast_for(device, config.mixed_precision)
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
     opt = _optimizer(genome, model.parameters(), device)
     n = xtr.shape[0] if not config.max_train_samples else min(xtr.shape[0], config.max_train_samples)
-    steps = max(1, n // genome.batch_size) * config.epochs
+    epochs = config.inherited_epochs if inherited is not None and inherited >= 0.5 and config.inherited_epochs \
+        else config.epochs
+    steps = max(1, n // genome.batch_size) * epochs
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=genome.lr, total_steps=steps, pct_start=0.15)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     if problem.task == "regression":
@@ -173,7 +185,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     best: dict | None = None
     best_state: dict = {}
     t0 = time.perf_counter()
-    for epoch in range(1, config.epochs + 1):
+    for epoch in range(1, epochs + 1):
         model.train()
         order = torch.randperm(xtr.shape[0], generator=gen)[:n].to(device)
         total, batches = torch.zeros((), device=device), 0  # summed on the device: no host sync per batch
@@ -217,11 +229,13 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
             best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
         if report is not None:
             report(metrics)
-    summary = {"fitness": best["fitness"], "best_epoch": best["epoch"], "epochs": config.epochs,
+    summary = {"fitness": best["fitness"], "best_epoch": best["epoch"], "epochs": epochs,
                "train_seconds": time.perf_counter() - t0,
                "params": sum(p.numel() for p in model.parameters()),
                "latency_ms": latency_ms(model, xva, device, autocast),
                **{k: v for k, v in best.items() if k not in ("epoch", "fitness")}}
+    if inherited is not None:
+        summary["inherited"] = round(inherited, 4)
     if amp_dtype is not None:
         summary["precision"] = str(amp_dtype).replace("torch.", "")
     return summary, best_state
@@ -282,6 +296,19 @@ class TrainTask:
     train: TrainConfig
     seed: int = 0
     save: str | None = None  # where the best epoch's weights go (a state_dict); None: not saved
+    inherit: str | None = None  # a parent's weights file to start from where the layers match; None: fresh
+
+
+def _parent(path: str | None) -> dict | None:
+    """The parent's weights, or None when there are none to inherit: the master may have pruned the file since it
+    sent the task (the child then trains from scratch, as a random genome does)."""
+    if path is None:
+        return None
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - gone, or cut short: torch fails in many ways; none stops the child
+        log.info("not inheriting %s: %s", path, exc)
+        return None
 
 
 def train_task(task: TrainTask, ctx: Any) -> dict:
@@ -291,7 +318,7 @@ def train_task(task: TrainTask, ctx: Any) -> dict:
     if key not in ctx.cache:
         ctx.cache[key] = normalization_stats(*data["train"], task.problem.task)
     summary, state = train_candidate(task.genome, task.problem, data, task.train, device=ctx.device, seed=task.seed,
-                                     report=ctx.report, stats=ctx.cache[key])
+                                     report=ctx.report, stats=ctx.cache[key], parent=_parent(task.inherit))
     if task.save:
         save_weights(state, task.save)
     return {"fitness": summary.pop("fitness"), "metrics": summary}

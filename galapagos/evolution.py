@@ -63,7 +63,8 @@ class EvolutionSource(JournalSource):
         self.inflight: dict[int, dict] = {}  # id -> what the record needs besides the result
         self.by_epoch: dict[int, list[float]] = defaultdict(list)  # epoch -> fitness of finished candidates
         self.best: dict | None = None
-        self.top: list[tuple[float, int]] = []  # (fitness, id) of the evaluations whose weights are kept
+        self.top: list[tuple[float, int]] = []  # (fitness, id) of the best evaluations: their weights are kept
+        self.held: set[int] = set()  # evaluations whose weights are in models/
         objectives = config.evolution.objectives
         self.front = Front(objectives) if len(objectives) > 1 else None  # kept in front/ and pareto.json
         self.front_rows: dict[int, dict] = {}  # id -> its line in pareto.json
@@ -72,7 +73,8 @@ class EvolutionSource(JournalSource):
             self._learn(r, live=False)
         if self.front is not None:
             self._sync_front()
-        self.run.prune_models([i for _, i in self.top])  # weights of tasks that were running when a run was killed
+        self.held = {i for i in self.held if self.run.model_path(i).exists()}
+        self.run.prune_models(self.kept())  # weights of tasks that were running when a run was killed
         self.exhausted: str | None = None  # why the space has no new genome left
         self.clocked = 0.0  # when clock.json was last written
 
@@ -93,9 +95,13 @@ class EvolutionSource(JournalSource):
         self.inflight[cand.id] = {"parents": list(cand.parents), "origin": cand.origin,
                                   "genome": cand.genome.to_json(), "key": cand.genome.key,
                                   "params": count_params(cand.genome, self.problem, self.config.train.builder)}
+        parent = next((p for p in cand.parents if p in self.held), None) if self.config.evolution.inherit else None
+        if parent is not None:
+            self.inflight[cand.id]["inherits"] = parent
         self.running(cand.id)
         payload = TrainTask(cand.genome, self.problem, self.config.train, seed=self.config.run.seed * 1_000_003
-                            + cand.id, save=str(self.run.model_path(cand.id)))
+                            + cand.id, save=str(self.run.model_path(cand.id)),
+                            inherit=None if parent is None else str(self.run.model_path(parent)))
         return Task(cand.id, payload, self.config.run.task_timeout)
 
     def finished(self) -> bool:
@@ -140,13 +146,25 @@ class EvolutionSource(JournalSource):
         for epoch in range(1, len(curve) + 1):
             self.by_epoch[epoch].append(max(curve[:epoch]))
         bisect.insort(self.top, (-record["fitness"], record["id"]))
-        for _, dropped in self.top[self.config.run.keep_models:]:
-            self.run.model_path(dropped).unlink(missing_ok=True)
         del self.top[self.config.run.keep_models:]
+        self.held.add(record["id"])
+        kept = self.kept()
+        for dropped in self.held - kept:
+            self.run.model_path(dropped).unlink(missing_ok=True)
+        self.held &= kept
         if self.best is None or record["fitness"] > self.best["fitness"]:
             self.best = record
             return True
         return False
+
+    def kept(self) -> set[int]:
+        """Whose weights stay in models/: the best `run.keep_models` evaluations and, for children to inherit
+        from, the engine's population."""
+        kept = {i for _, i in self.top}
+        if self.config.evolution.inherit:
+            kept.update(c.id for c, _ in (self.engine.elite if self.engine.multi_objective else
+                                          self.engine.population))
+        return kept
 
     def _place(self, record: dict, live: bool) -> None:
         """Several objectives: put the evaluation on the Pareto front if nothing found so far beats it on every
@@ -291,8 +309,9 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
         records = run.read_journal() if opts.resume else []
         spent = run.spent_seconds() if opts.resume else 0.0
         run.config.write_text(config.dumps())
-        # Kept weights, one being written per worker, and best/.
-        run.check_room(config.run.keep_models + comm.size, config.space.max_params)
+        # Kept weights (the best, and the population's for inheritance), one being written per worker, and best/.
+        run.check_room(config.run.keep_models + comm.size + config.evolution.inherit
+                       * config.evolution.population_size, config.space.max_params)
         problem = Problem.of_dataset(info)
         try:  # warms torch up before the clock of the run starts
             check_genome(config.space.random_genome(random.Random(0), problem), problem, config.space)
@@ -337,7 +356,7 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
         run.close()
         if tracker is not None:
             tracker.close()
-    run.prune_models([i for _, i in source.top])  # what cancelled tasks wrote before their trainers were stopped
+    run.prune_models(source.kept())  # what cancelled tasks wrote before their trainers were stopped
     wall, searched = time.time() - start, source.search_seconds()
     run.record_seconds(searched)
     summary = summarize(source.records, population_size=config.evolution.population_size, workers=comm.size - 1,
