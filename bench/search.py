@@ -1,56 +1,299 @@
-"""Evolution against its baseline, random search: same space, same evaluation budget, same seeds.
+"""Search quality: Galapagos evolution and random search against Optuna's TPE and random samplers.
 
-    python -m bench.search --seeds 0 1 2 --evaluations 40 --workers 2
+    pip install -e ".[bench]"          # Optuna, for the peers
+    python -m bench.search --datasets signals shapes cosmoflow tabular --seeds 0 1 2 --minutes 1.5 --workers 2
 
-Runs `galapagos evolve` on the bundled shapes classification example once per (seed, strategy) and reports the
-best validation accuracy of each, and how often evolution's best is at least random search's.
+Four contestants search the same space for the same data, one after another on the same cores:
+- `evolution`, `random`: `galapagos evolve --strategy evolution|random --workers W --budget-minutes M`;
+- `tpe`, `optuna-random`: W processes sharing one Optuna study (a journal file), TPESampler or RandomSampler
+  seeded by 1000 * seed + process, MedianPruner with the config's `run.prune_after` and `run.prune_min_results`.
+  Each trial maps Galapagos's `[space]` onto `trial.suggest_*` (`genome_from_trial`), repairs or rejects the genome
+  with `evolve.build.check_genome` (a rejected one is a pruned trial) and trains it with `evolve.train.
+  train_candidate`: the same `[train]` recipe, splits, normalisation and seed per evaluation as a Galapagos worker,
+  one torch thread per process, each process bound to one core, every epoch reported to the pruner.
+Each contestant gets M minutes of wall time from its launch, start-up included: Galapagos is stopped with SIGTERM
+(its clean stop) when they end, and the Optuna processes stop there; like Galapagos's, a trial still training then
+is abandoned. The score is the test score (accuracy, or mean R^2) of the contestant's best network by validation,
+from `galapagos predict --split test --json` for all four (the Optuna winner is saved as a network directory).
+The data come from the bundled generators (seed 0); the config of each dataset is bench/search_configs/NAME.toml.
+Prints one JSON line per run, then the mean and standard deviation over seeds per dataset and contestant.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
-from examples import shapes
+import torch
+
+from datashare.format import inspect, load
+from evolve.build import check_genome
+from evolve.errors import InvalidGenome
+from evolve.genome import GENE_FIELDS, Gene, Genome
+from evolve.netdir import NetworkDir
+from evolve.problem import Problem
+from evolve.space import SearchSpace
+from evolve.train import normalization_stats, train_candidate
+from examples import cosmoflow, shapes, signals, tabular
+from galapagos.config import Config, load_config
+
+DATASETS = {  # name -> (generator, its arguments): each small enough that a candidate trains in seconds on a core
+    "signals": (signals.generate, {}),
+    "shapes": (shapes.generate, {}),
+    "cosmoflow": (cosmoflow.generate, {"samples": 1200, "size": 12}),
+    "tabular": (tabular.generate, {}),
+}
+CONTESTANTS = ("evolution", "random", "tpe", "optuna-random")
+CONFIGS = Path(__file__).parent / "search_configs"
+MAX_DENSE = 3  # dense-section genes of a sampled network with a spatial section, as evolve.space samples them
+FIELD_CHOICES = {"channels": "channels", "kernel": "kernels", "stride": "strides", "size": "pool_sizes",
+                 "units": "units", "act": "activations", "op": "pool_ops", "kind": "norms"}
 
 
-def run(data: Path, out: Path, strategy: str, seed: int, evaluations: int, workers: int, config: str) -> dict:
-    cmd = [sys.executable, "-m", "galapagos.cli", "evolve", "--data", str(data), "--out", str(out),
-           "--config", config, "--evaluations", str(evaluations), "--workers", str(workers), "--strategy", strategy,
-           "--set", f"run.seed={seed}", "--set", f"evolution.seed={seed}"]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
-    return json.loads((out / "summary.json").read_text())
+class Deadline(Exception):
+    """The contestant's wall time is over: the trial in training is abandoned, as Galapagos abandons its tasks."""
+
+
+def _gene(trial, name: str, gene_type: str, space: SearchSpace) -> Gene:
+    values = {f: trial.suggest_float(f"{name}_{gene_type}_rate", *space.dropout) if f == "rate"
+              else trial.suggest_categorical(f"{name}_{gene_type}_{f}", getattr(space, FIELD_CHOICES[f]))
+              for f in GENE_FIELDS[gene_type]}
+    return Gene(gene_type, **values)
+
+
+def genome_from_trial(trial, space: SearchSpace, problem: Problem) -> Genome:
+    """A genome of Galapagos's search space from an Optuna trial, drawn as evolve.space draws a random network: a
+    layer count, a spatial section starting with conv or residual, then up to MAX_DENSE genes starting with dense
+    (only dense-section genes for tabular data), and the training genes. Not yet repaired: see check_genome."""
+    n = trial.suggest_int("layers", space.min_layers, space.max_layers)
+    spatial, dense = space.section_types(problem, "spatial"), space.section_types(problem, "dense")
+    if problem.spatial_dims == 0 or not spatial:
+        n_dense = n
+    else:
+        n_dense = trial.suggest_int("dense_layers", 0, min(MAX_DENSE, n)) if "dense" in dense else 0
+    layers = []
+    first = tuple(t for t in ("conv", "residual") if t in spatial) or spatial
+    for i in range(n - n_dense):
+        gene_type = trial.suggest_categorical(f"spatial{i}", first if i == 0 else spatial)
+        layers.append(_gene(trial, f"spatial{i}", gene_type, space))
+    for i in range(n_dense):
+        gene_type = "dense" if i == 0 and "dense" in dense else trial.suggest_categorical(f"dense{i}", dense)
+        layers.append(_gene(trial, f"dense{i}", gene_type, space))
+    decay = 0.0
+    if space.weight_decay != (0.0, 0.0) and (space.zero_weight_decay_prob == 0
+                                             or trial.suggest_categorical("weight_decay_on", (True, False))):
+        decay = trial.suggest_float("weight_decay", *space.weight_decay, log=True)
+    return Genome(layers=tuple(layers), optimizer=trial.suggest_categorical("optimizer", space.optimizers),
+                  lr=trial.suggest_float("lr", *space.lr, log=True),
+                  batch_size=trial.suggest_categorical("batch_size", space.batch_sizes), weight_decay=decay,
+                  head=trial.suggest_categorical("head", space.heads) if problem.spatial_dims else space.heads[0])
+
+
+def _storage(path: Path):
+    """The study's storage: a journal file that the contestant's processes share (Optuna's choice for several
+    processes on one machine without a database server)."""
+    from optuna.storages import JournalStorage
+    from optuna.storages.journal import JournalFileBackend
+    return JournalStorage(JournalFileBackend(str(path)))
+
+
+def optuna_worker(contestant: str, storage: Path, data: Path, config: Config, seed: int, worker: int, core: int,
+                  deadline: float, out: Path) -> None:
+    """One of the W processes of an Optuna contestant: trials until the deadline."""
+    import optuna
+    os.sched_setaffinity(0, {core})
+    torch.set_num_threads(1)
+    optuna.logging.set_verbosity(optuna.logging.ERROR)  # no line per trial
+    info, arrays = load(data, ("train", "val"))
+    problem = Problem.of_dataset(info)
+    tensors = {split: tuple(torch.from_numpy(a) for a in arrays[split]) for split in ("train", "val")}
+    stats = normalization_stats(*tensors["train"], problem.task)
+    run = config.run
+    sampler = (optuna.samplers.TPESampler if contestant == "tpe" else optuna.samplers.RandomSampler)(
+        seed=1000 * seed + worker)
+    pruner = (optuna.pruners.MedianPruner(n_startup_trials=run.prune_min_results, n_warmup_steps=run.prune_after)
+              if run.prune else optuna.pruners.NopPruner())
+
+    def objective(trial) -> float:
+        try:
+            genome = check_genome(genome_from_trial(trial, config.space, problem), problem, config.space)
+        except InvalidGenome as exc:
+            trial.set_user_attr("invalid", str(exc))
+            raise optuna.TrialPruned() from None
+        trial.set_user_attr("genome", genome.to_json())
+
+        def report(metrics: dict) -> None:
+            if time.time() >= deadline:
+                trial.set_user_attr("abandoned", True)
+                raise Deadline
+            trial.report(metrics["fitness"], metrics["epoch"])
+            if metrics["epoch"] < config.train.epochs and trial.should_prune():
+                raise optuna.TrialPruned()
+
+        summary, state = train_candidate(genome, problem, tensors, config.train, seed=seed * 1_000_003 + trial.number,
+                                         report=report, stats=stats)
+        torch.save(state, out / f"{trial.number}.pt")
+        return summary["fitness"]
+
+    try:  # a diverged candidate (NonFiniteLoss) is a failed trial, as Galapagos records it `nan`
+        study = optuna.load_study(study_name="search", storage=_storage(storage), sampler=sampler, pruner=pruner)
+        study.optimize(objective, timeout=max(0.0, deadline - time.time()), catch=(FloatingPointError,))
+    except Deadline:
+        pass
+
+
+def run_optuna(contestant: str, data: Path, config_path: Path, out: Path, seed: int, workers: int,
+               cores: list[int], deadline: float, sets: list[str]) -> dict:
+    import optuna
+    from optuna.trial import TrialState
+    config = load_config(config_path, sets)
+    out.mkdir(parents=True)
+    storage = out / "journal.log"
+    optuna.create_study(study_name="search", direction="maximize", storage=_storage(storage))
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=optuna_worker, args=(contestant, storage, data, config, seed, w,
+                                                     cores[w % len(cores)], deadline, out)) for w in range(workers)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    if failed := [p.exitcode for p in procs if p.exitcode]:
+        raise RuntimeError(f"{contestant}: {len(failed)} Optuna process(es) failed (exit codes {failed}); "
+                           "their tracebacks are above")
+    trials = optuna.load_study(study_name="search", storage=_storage(storage)).get_trials(deepcopy=False)
+    done = [t for t in trials if t.state == TrialState.COMPLETE]
+    status = {"ok": done,
+              "pruned": [t for t in trials if t.state == TrialState.PRUNED and "invalid" not in t.user_attrs],
+              "failed": [t for t in trials if t.state == TrialState.FAIL and "abandoned" not in t.user_attrs],
+              "invalid": [t for t in trials if "invalid" in t.user_attrs]}
+    row = {"evaluations": sum(len(status[s]) for s in ("ok", "pruned", "failed")),
+           "by_status": {s: len(v) for s, v in status.items() if v}, "val": None, "model": None}
+    if done:
+        best = max(done, key=lambda t: t.value)
+        NetworkDir(out / "best").write(best.user_attrs["genome"], {
+            "problem": Problem.of_dataset(inspect(data)).to_dict(), "fitness": best.value},
+            weights_from=out / f"{best.number}.pt")
+        row.update(val=best.value, model=out / "best")
+    return row
+
+
+def run_galapagos(strategy: str, data: Path, config: Path, out: Path, seed: int, minutes: float, workers: int,
+                  deadline: float, sets: list[str]) -> dict:
+    cmd = [sys.executable, "-m", "galapagos.cli", "evolve", "--data", str(data), "--out", str(out), "--config",
+           str(config), "--budget-minutes", str(minutes), "--workers", str(workers), "--strategy", strategy,
+           "--set", f"run.seed={seed}", "--set", f"evolution.seed={seed}", *(a for s in sets for a in ("--set", s))]
+    log = out.with_suffix(".log")
+    with log.open("w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
+        try:
+            proc.wait(timeout=max(0.0, deadline - time.time()))
+        except subprocess.TimeoutExpired:  # its budget counts from after its start-up; the wall time is over
+            proc.send_signal(signal.SIGTERM)
+            proc.wait()
+    if proc.returncode not in (0, 4):  # 4: no candidate succeeded, a result too
+        raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}; see {log}")
+    summary = json.loads((out / "summary.json").read_text())
+    best = summary["best"]
+    return {"evaluations": summary["evaluations"], "by_status": summary["by_status"],
+            "val": best and best["fitness"], "model": best and out / "best"}
+
+
+def test_score(model: Path, data: Path) -> float:
+    """The test score of a saved network, from the command a user would run."""
+    proc = subprocess.run([sys.executable, "-m", "galapagos.cli", "predict", "--model", str(model), "--data",
+                           str(data), "--split", "test", "--json"], capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"galapagos predict --model {model} failed: {proc.stderr.strip()}")
+    scores = json.loads(proc.stdout.strip().splitlines()[-1])
+    return scores["accuracy"] if scores["task"] == "classification" else scores["r2"]
+
+
+def _mean_std(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:.4f}"
+
+
+def table(rows: list[dict], datasets: list[str], contestants: list[str]) -> str:
+    lines = ["| dataset | contestant | test score | validation score | evaluations | runs |",
+             "|---|---|---|---|---|---|"]
+    for d in datasets:
+        for c in contestants:
+            runs = [r for r in rows if r["dataset"] == d and r["contestant"] == c]
+            scored = [r for r in runs if r["test"] is not None]
+            evals = statistics.mean(r["evaluations"] for r in runs) if runs else 0
+            lines.append(f"| {d} | {c} | {_mean_std([r['test'] for r in scored])} | "
+                         f"{_mean_std([r['val'] for r in scored])} | {evals:.0f} | {len(scored)}/{len(runs)} |")
+    verdicts = []
+    for d in datasets:
+        scores = {c: [r["test"] for r in rows if (r["dataset"], r["contestant"]) == (d, c) and r["test"] is not None]
+                  for c in contestants}
+        means = {c: statistics.mean(v) for c, v in scores.items() if v}
+        if "evolution" in means and len(means) > 1:
+            ahead = ", ".join(f"{c} {'yes' if means['evolution'] > m else 'no'}" for c, m in means.items()
+                              if c != "evolution")
+            verdicts.append(f"{d}: is evolution's mean test score ahead? {ahead}")
+    return "\n".join(lines + [""] + verdicts)
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(prog="python -m bench.search", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--datasets", nargs="+", choices=list(DATASETS), default=list(DATASETS))
+    p.add_argument("--contestants", nargs="+", choices=CONTESTANTS, default=list(CONTESTANTS))
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--evaluations", type=int, default=40)
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--config", default="examples/demo.toml")
+    p.add_argument("--minutes", type=float, default=1.5, help="wall time of each run, start-up included")
+    p.add_argument("--workers", type=int, default=2, help="training processes of each contestant")
+    p.add_argument("--cores", type=int, nargs="+", help="the cores every contestant is bound to (default: the "
+                   "first WORKERS of those this process may use)")
+    p.add_argument("--keep", type=Path, help="keep data, runs and logs in this new directory")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one value of every "
+                   "dataset's config, for every contestant (e.g. train.epochs=3)")
     args = p.parse_args(argv)
+    if {"tpe", "optuna-random"} & set(args.contestants):
+        try:
+            import optuna  # noqa: F401
+        except ImportError:
+            p.error("the Optuna contestants need optuna: pip install -e \".[bench]\" (or leave out tpe and "
+                    "optuna-random with --contestants)")
+    cores = args.cores or sorted(os.sched_getaffinity(0))[:args.workers]
+    os.sched_setaffinity(0, cores)  # every contestant's processes inherit it
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        data = Path(tmp) / "shapes.h5"
-        shapes.generate(data)
-        for seed in args.seeds:
-            row = {"seed": seed}
-            for strategy in ("evolution", "random"):
-                s = run(data, Path(tmp) / f"{strategy}-{seed}", strategy, seed, args.evaluations, args.workers,
-                        args.config)
-                row[strategy] = s["best"]["fitness"] if s["best"] else None
-                row[f"{strategy}_minutes"] = round(s["wall_seconds"] / 60, 1)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
-    wins = sum(r["evolution"] >= r["random"] for r in rows)
-    print(json.dumps({"evaluations": args.evaluations, "seeds": len(rows),
-                      "evolution_mean": round(statistics.mean(r["evolution"] for r in rows), 4),
-                      "random_mean": round(statistics.mean(r["random"] for r in rows), 4),
-                      "evolution_at_least_random": f"{wins}/{len(rows)}"}))
+        work = args.keep or Path(tmp)
+        work.mkdir(parents=True, exist_ok=args.keep is None)
+        for name in args.datasets:
+            generate, kwargs = DATASETS[name]
+            data = work / f"{name}.h5"
+            generate(data, **kwargs)
+            for seed in args.seeds:
+                for contestant in args.contestants:
+                    out = work / f"{name}-{contestant}-{seed}"
+                    t0 = time.time()
+                    deadline = t0 + 60 * args.minutes
+                    config = CONFIGS / f"{name}.toml"
+                    if contestant in ("evolution", "random"):
+                        r = run_galapagos(contestant, data, config, out, seed, args.minutes, args.workers, deadline,
+                                          args.set)
+                    else:
+                        r = run_optuna(contestant, data, config, out, seed, args.workers, cores, deadline, args.set)
+                    wall = time.time() - t0
+                    model, val = r.pop("model"), r.pop("val")
+                    row = {"dataset": name, "contestant": contestant, "seed": seed,
+                           "test": None if model is None else round(test_score(model, data), 4),
+                           "val": None if val is None else round(val, 4), **r, "wall_s": round(wall, 1)}
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+    print(f"\n{args.minutes:g} min per run, {args.workers} workers on cores {cores}, seeds {args.seeds}\n")
+    print(table(rows, args.datasets, args.contestants))
 
 
 if __name__ == "__main__":

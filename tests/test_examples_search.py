@@ -1,0 +1,66 @@
+"""The bundled signals and tabular generators, and the Optuna side of bench/search.py: its trials draw genomes of
+Galapagos's search space that check_genome accepts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from datashare.format import load, validate
+from evolve.build import check_genome
+from evolve.errors import InvalidGenome
+from evolve.genome import GENE_FIELDS
+from evolve.problem import Problem
+from examples import signals, tabular
+from galapagos.config import load_config
+
+
+@pytest.mark.parametrize("module, shape, task, classes", [(signals, (1, 128), "classification", 10),
+                                                          (tabular, (24,), "regression", None)])
+def test_generators_write_valid_files_deterministic_by_seed(tmp_path, module, shape, task, classes):
+    info = validate(module.generate(tmp_path / "a.h5", samples=200, seed=3).path)
+    assert (info.task, info.num_classes, tuple(info.sample_shape)) == (task, classes, shape)
+    assert info.splits == {"train": 140, "val": 30, "test": 30}
+    _, a = load(tmp_path / "a.h5")
+    _, again = load(module.generate(tmp_path / "b.h5", samples=200, seed=3).path)
+    _, other = load(module.generate(tmp_path / "c.h5", samples=200, seed=4).path)
+    for split in ("train", "val", "test"):
+        assert all(np.array_equal(u, v) for u, v in zip(a[split], again[split]))
+        assert not np.array_equal(a[split][0], other[split][0])
+    if classes:
+        assert set(np.unique(a["train"][1])) == set(range(classes))
+
+
+@pytest.mark.parametrize("name, problem", [
+    ("signals", Problem((1, 128), "classification", 10)),
+    ("shapes", Problem((1, 16, 16), "classification", 6)),
+    ("cosmoflow", Problem((1, 12, 12, 12), "regression", 2)),
+    ("tabular", Problem((24,), "regression", 1)),
+])
+def test_optuna_trials_draw_genomes_of_the_galapagos_space(name, problem):
+    optuna = pytest.importorskip("optuna", reason="Optuna is a benchmark extra: pip install -e '.[bench]'")
+    from bench.search import CONFIGS, FIELD_CHOICES, genome_from_trial
+
+    space = load_config(CONFIGS / f"{name}.toml").space
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
+    accepted = 0
+    for _ in range(100):
+        trial = study.ask()
+        genome = genome_from_trial(trial, space, problem)
+        assert space.min_layers <= genome.num_layers <= space.max_layers
+        for gene in genome.layers:
+            assert gene.type in space.layer_types
+            for field in GENE_FIELDS[gene.type]:
+                if field == "rate":
+                    assert space.dropout[0] <= gene[field] <= space.dropout[1]
+                else:
+                    assert gene[field] in getattr(space, FIELD_CHOICES[field])
+        assert space.lr[0] <= genome.lr * 1.001 and genome.lr <= space.lr[1] * 1.001
+        try:
+            check_genome(genome, problem, space)
+            accepted += 1
+        except InvalidGenome:
+            pass
+        study.tell(trial, 0.0)
+    assert accepted >= 90
