@@ -23,6 +23,7 @@ class JournalSource:
         self.state: MasterState | None = None
         self.shown = -1
         self.resumed = len(self.records)  # finished by earlier jobs of the run
+        self.by_status = Counter(str(r["status"]) for r in self.records)
 
     def running(self, task_id: int) -> None:
         self.curves[task_id] = []
@@ -36,6 +37,7 @@ class JournalSource:
         record = journal_record(r, curve, what)
         self.journal.append(record)
         self.records.append(record)
+        self.by_status[record["status"]] += 1
         return record
 
     def warn(self, what: str, r: Result) -> None:
@@ -59,7 +61,7 @@ class JournalSource:
         return Snapshot(done=len(self.records), total=total, best=best, busy=state.busy if state else 0,
                         workers=state.workers if state else 0, elapsed=elapsed,
                         remaining=None if self.deadline is None else max(0.0, self.deadline - time.time()),
-                        by_status=dict(Counter(str(r["status"]) for r in self.records)),
+                        by_status=dict(self.by_status),
                         rate=60 * (len(self.records) - self.resumed) / max(elapsed, 1e-9))
 
     def snapshot(self) -> Snapshot:

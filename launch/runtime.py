@@ -10,6 +10,7 @@ import logging
 import os
 import signal
 import time
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +49,42 @@ class TaskSource(Protocol):
         """Called about once a second and at each event, for progress displays."""
 
 
+class Slots:
+    """How many tasks each worker rank holds, with the ranks bucketed by that count, so that the least loaded rank
+    is found without looking at every rank: at whole-machine scale (tens of thousands of workers) a sort of all
+    of them per dispatch would fill the master's time (bench/scale.py)."""
+
+    def __init__(self) -> None:
+        self.held: dict[int, int] = {}
+        self.by_count: dict[int, dict[int, None]] = defaultdict(dict)  # count -> its ranks, an ordered set
+
+    def add(self, rank: int) -> None:
+        self.remove(rank)
+        self.held[rank] = 0
+        self.by_count[0][rank] = None
+
+    def remove(self, rank: int) -> None:
+        if (n := self.held.pop(rank, None)) is not None:
+            del self.by_count[n][rank]
+
+    def change(self, rank: int, delta: int) -> None:
+        n = self.held[rank]
+        del self.by_count[n][rank]
+        self.held[rank] = n + delta
+        self.by_count[n + delta][rank] = None
+
+    def least_loaded(self, most: int) -> int | None:
+        """A rank holding the fewest tasks, if that is at most `most`."""
+        for n in range(most + 1):
+            if self.by_count[n]:
+                return next(iter(self.by_count[n]))
+        return None
+
+    @property
+    def busy(self) -> int:
+        return len(self.held) - len(self.by_count[0])
+
+
 @dataclass
 class MasterState:
     """What the master knows of its workers, for progress displays and the utilisation figure."""
@@ -60,11 +97,12 @@ class MasterState:
     started: float = field(default_factory=time.time)
     stopping: bool = False
     lost: set[int] = field(default_factory=set)  # worker ranks that stopped answering: given up, sent nothing more
+    slots: Slots = field(default_factory=Slots)  # tasks each worker rank holds
 
     @property
     def busy(self) -> int:
         """Workers with a task (one may also hold a queued one)."""
-        return len({rank for rank, _ in self.running.values()})
+        return self.slots.busy
 
 
 SHORT_TASK = 1.0  # seconds: below this mean task time, dispatch latency matters and workers get a queued task
@@ -120,7 +158,7 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
     """
     state = MasterState(workers=comm.size - 1)
     grace = LOST_GRACE if lost_grace is None else lost_grace
-    slots: dict[int, int] = {}  # worker rank -> tasks it holds
+    slots = state.slots
     sent: dict[int, float] = {}  # task id -> when it was sent
     heard: dict[int, float] = {}  # worker rank -> when it last reported a result (its queued task starts then)
     backoff = Backoff()
@@ -151,7 +189,7 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                         "giving up its %d task(s); it gets no more work", rank, state.hosts.get(rank, "?"), task_id,
                         now - began - task.time_limit, task.time_limit, len(held))
             state.lost.add(rank)
-            slots.pop(rank, None)
+            slots.remove(rank)
             for i in held:
                 give_up(i, Status.LOST, sent[i], now, f"worker rank {rank} stopped answering")
 
@@ -174,7 +212,7 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                     seconds = max(0.0, obj.ended - obj.started)
                     state.busy_seconds += seconds
                     mean_seconds = seconds if mean_seconds is None else 0.9 * mean_seconds + 0.1 * seconds
-                    slots[obj.rank] -= 1
+                    slots.change(obj.rank, -1)
                     source.on_result(obj)
                 elif isinstance(obj, Progress):
                     if obj.id in state.running:
@@ -183,7 +221,8 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                             send(Cancel(obj.id, status), obj.rank)
                 elif isinstance(obj, Ready):
                     state.hosts[obj.rank], state.devices[obj.rank] = obj.host, obj.device
-                    slots[obj.rank], heard[obj.rank] = 0, time.time()
+                    slots.add(obj.rank)
+                    heard[obj.rank] = time.time()
             # 2. the end: deadline or stop request (cancelled tasks are given up at once), or no worker left
             now = time.time()
             why = None
@@ -208,18 +247,14 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                     break
             # 3. keep every worker busy
             depth = prefetch if prefetch is not None else int(mean_seconds is not None and mean_seconds < SHORT_TASK)
-            for rank in sorted(slots, key=slots.get):
-                while slots[rank] <= depth:
-                    task = source.next_task()
-                    if task is None:
-                        break
-                    state.running[task.id], sent[task.id] = (rank, task), time.time()
-                    slots[rank] += 1
-                    send(task, rank)
-                    event = True
-                else:
-                    continue
-                break
+            while (rank := slots.least_loaded(depth)) is not None:
+                task = source.next_task()
+                if task is None:
+                    break
+                state.running[task.id], sent[task.id] = (rank, task), time.time()
+                slots.change(rank, 1)
+                send(task, rank)
+                event = True
             if source.finished() and not state.running:
                 break
             if event or now - last_tick >= tick:

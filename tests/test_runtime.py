@@ -580,3 +580,31 @@ def test_an_empty_source_stops_the_workers_at_once():
     assert comm.sent(Task) == []
     assert sorted(d for d, _ in comm.sent(Stop)) == [1, 2]
     assert state.busy_seconds == 0.0
+
+
+def test_slots_find_the_least_loaded_rank_and_count_the_busy_ones():
+    slots = runtime.Slots()
+    for rank in (1, 2, 3):
+        slots.add(rank)
+    assert slots.least_loaded(0) == 1 and slots.busy == 0
+    slots.change(1, 1)
+    slots.change(2, 1)
+    assert slots.least_loaded(0) == 3 and slots.busy == 2
+    slots.change(3, 1)
+    assert slots.least_loaded(0) is None and slots.least_loaded(1) in (1, 2, 3)
+    slots.change(2, -1)
+    slots.remove(3)  # a lost rank
+    assert slots.least_loaded(0) == 2 and slots.busy == 1 and slots.held == {1: 1, 2: 0}
+
+
+def test_the_master_loop_at_scale_with_simulated_workers():
+    """bench/scale.py's simulation end to end, small: every task is answered and journalled, none lost."""
+    from bench import scale
+
+    saved = runtime.time, runtime.Backoff
+    try:
+        out = scale.one(workers=50, minutes=0.5, median=5.0, sigma=0.6)
+    finally:
+        runtime.time, runtime.Backoff = saved
+    assert out["tasks"] > 50 and out["lost"] == 0 and sum(out["by_status"].values()) <= out["tasks"]
+    assert 0 < out["utilization"] <= 1

@@ -1,0 +1,218 @@
+"""The master at whole-machine scale without the machine: rank 0's real loop, driven by simulated workers.
+
+    python -m bench.scale --workers 1000 4608 27648 100000 --minutes 5
+
+`launch.runtime.master_serve` runs unchanged with the real evolution source (engine, journal, median pruning,
+kept models, progress) on a simulated communicator of N worker ranks. Each task takes a lognormal time (median
+`--median` seconds, sigma `--sigma`: a heavy tail), reports its fitness after every epoch (so the master judges
+every epoch, as it does pruning), and a few crash or run into their time limit. The clock is virtual: it runs with
+the master's own real time while the master works and jumps to the next worker event when the master would sleep,
+so a slow master shows as idle workers, and minutes of 27,648 workers cost only the master's own CPU time.
+
+Measured per scale, each in a fresh process: the master's CPU time per task (target: under 100 us), the workers'
+utilization over the run (busy worker-seconds over workers x wall; target: at least 99% at 27,648), the same in
+steady state (after every worker got its first task), journal lines per second of append time, and the master's
+peak resident memory.
+"""
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import json
+import math
+import random
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import launch.runtime
+from evolve.engine import Engine
+from evolve.problem import Problem
+from galapagos.config import load_config
+from galapagos.evolution import EvolutionSource
+from galapagos.rundir import RunDir
+from launch.protocol import Cancel, Progress, Ready, Result, Status, Stop, Stopped, Task
+
+EPOCHS = 6
+CRASH, TIMEOUT = 0.01, 0.005  # fractions of tasks whose trainer dies, or that run into their time limit
+
+
+class Clock:
+    """Real time plus the jumps taken while the master had nothing to do."""
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def time(self) -> float:
+        return time.time() + self.offset
+
+    def jump(self, to: float) -> None:
+        self.offset += max(0.0, to - self.time())
+
+
+class Message:
+    def __init__(self, obj):
+        self.obj = obj
+
+    def recv(self):
+        return self.obj
+
+
+class SimComm:
+    """Rank 0's view of N simulated worker ranks: what it sends them schedules what they answer, and when."""
+
+    rank = 0
+
+    def __init__(self, workers: int, clock: Clock, median: float, sigma: float, seed: int) -> None:
+        self.size, self.clock, self.rng = workers + 1, clock, random.Random(seed)
+        self.mu, self.sigma = math.log(median), sigma
+        self.events: list = []  # (time, seq, message) heap
+        self.seq = itertools.count()
+        self.free_at = [0.0] * (workers + 1)  # when each worker finishes what it holds
+        self.cancelled: set[int] = set()
+        self.last: dict[int, tuple[float, float]] = {}  # running task id -> (when it started, its fitness by now)
+        self.spans: dict[int, list[float]] = {}  # task id -> [start, end] of the time a worker spent on it
+        self.first_task: dict[int, float] = {}  # worker -> when its first task started
+        now = clock.time()
+        for rank in range(1, workers + 1):
+            self._push(now, Ready(rank, f"node{rank // 4}", "cuda:0"))
+
+    def _push(self, when: float, obj) -> None:
+        heapq.heappush(self.events, (when, next(self.seq), obj))
+
+    def improbe(self, source=None, tag=None):
+        while self.events and self.events[0][0] <= self.clock.time():
+            obj = heapq.heappop(self.events)[2]
+            if isinstance(obj, Result) and obj.status not in (Status.PRUNED, Status.CANCELLED):
+                self.last.pop(obj.id, None)
+                if obj.id in self.cancelled:  # a cancelled task says nothing more, but for the answer to its cancel
+                    self.cancelled.discard(obj.id)
+                    continue
+            elif isinstance(obj, Progress) and obj.id in self.cancelled:
+                continue
+            return Message(obj)
+        return None
+
+    def utilization(self, begin: float, end: float) -> float:
+        """Worker-seconds spent on tasks within [begin, end] over all the worker-seconds there were."""
+        busy = sum(max(0.0, min(b, end) - max(a, begin)) for a, b in self.spans.values())
+        return busy / ((self.size - 1) * max(end - begin, 1e-9))
+
+    def next_event(self) -> float | None:
+        return self.events[0][0] if self.events else None
+
+    def send(self, obj, dest: int, tag=None) -> None:
+        now = self.clock.time()
+        if isinstance(obj, Task):
+            self._run(obj, dest, now)
+        elif isinstance(obj, Cancel):
+            self.cancelled.add(obj.id)
+            started, fitness = self.last.get(obj.id, (now, None))
+            self._push(now, Result(obj.id, dest, "", obj.status, fitness if obj.status == Status.PRUNED else None,
+                                   started, now))
+            self.free_at[dest] = now  # its queue moves on at once (prefetch is 0 for minute-long tasks)
+            if obj.id in self.spans:
+                self.spans[obj.id][1] = min(self.spans[obj.id][1], now)
+        elif isinstance(obj, Stop):
+            self._push(now, Stopped(dest))
+
+    def _run(self, task: Task, rank: int, now: float) -> None:
+        start = max(now, self.free_at[rank])
+        self.first_task.setdefault(rank, start)
+        seconds = self.rng.lognormvariate(self.mu, self.sigma)
+        quality = self.rng.random()
+        fate = self.rng.random()
+        if fate < TIMEOUT:
+            seconds, status = task.time_limit, Status.TIMEOUT
+        elif fate < TIMEOUT + CRASH:
+            seconds, status = seconds * self.rng.random(), Status.CRASHED
+        else:
+            status = Status.OK
+        epochs = EPOCHS if status == Status.OK else int(EPOCHS * self.rng.random())
+        for epoch in range(1, epochs + 1):
+            fitness = quality * (1 - 0.5 ** epoch)
+            self._push(start + seconds * epoch / EPOCHS, Progress(task.id, rank, {"epoch": epoch, "fitness":
+                                                                                  fitness}))
+        end = start + seconds
+        fitness = quality * (1 - 0.5 ** EPOCHS) if status == Status.OK else None
+        self.last[task.id] = (start, quality * 0.5)
+        self.spans[task.id] = [start, start + seconds]
+        self._push(end, Result(task.id, rank, f"node{rank // 4}", status, fitness, start, end,
+                               {"epochs": epochs} if fitness is not None else {}))
+        self.free_at[rank] = end
+
+
+def one(workers: int, minutes: float, median: float, sigma: float) -> dict:
+    """One scale, in this process: the master served for `minutes` of virtual time."""
+    clock = Clock()
+    comm = SimComm(workers, clock, median, sigma, seed=0)
+
+    class Backoff:  # the master's idle sleep: jump to the next worker event instead
+        def reset(self) -> None:
+            pass
+
+        def sleep(self) -> None:
+            if (when := comm.next_event()) is not None:
+                clock.jump(when)
+
+    launch.runtime.time = clock  # master_serve reads time.time() only
+    launch.runtime.Backoff = Backoff
+    problem = Problem((3, 32, 32), "classification", 10)
+    config = load_config(None, ["evolution.population_size=64", "run.task_timeout=600"])
+    with tempfile.TemporaryDirectory() as tmp:
+        run = RunDir.open(Path(tmp) / "run", resume=False)
+        source = EvolutionSource(Engine(config.space, problem, config.evolution), config, run, problem)
+        appends, original = [], run.append
+
+        def timed_append(record: dict) -> None:
+            t = time.perf_counter()
+            original(record)
+            appends.append(time.perf_counter() - t)
+
+        run.append = timed_append
+        start = clock.time()
+        cpu = time.process_time()
+        state = launch.runtime.master_serve(comm, source, deadline=start + 60 * minutes, prefetch=0)
+        cpu = time.process_time() - cpu
+        wall = clock.time() - start
+    done = len(source.records)
+    ramp = max(comm.first_task.values()) - start
+    return {"workers": workers, "virtual_minutes": round(wall / 60, 2), "tasks": done,
+            "master_cpu_us_per_task": round(1e6 * cpu / max(done, 1), 1),
+            "utilization": round(comm.utilization(start, start + wall), 4),
+            "ramp_seconds": round(ramp, 2),
+            "steady_utilization": round(comm.utilization(start + ramp, start + wall), 4),
+            "journal_lines_per_s": round(len(appends) / max(sum(appends), 1e-9)),
+            "master_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+            "by_status": {s: sum(r["status"] == s for r in source.records) for s in ("ok", "pruned", "crashed",
+                                                                                    "timeout")},
+            "lost": len(state.lost)}
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workers", type=int, nargs="+", default=[1000, 4608, 27648, 100000])
+    p.add_argument("--minutes", type=float, default=5.0, help="virtual minutes of search per scale")
+    p.add_argument("--median", type=float, default=60.0, help="median seconds of a task")
+    p.add_argument("--sigma", type=float, default=0.6, help="lognormal sigma of task seconds (tail)")
+    p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a single scale, in this process
+    args = p.parse_args(argv)
+    if args.one:
+        print(json.dumps(one(args.workers[0], args.minutes, args.median, args.sigma)), flush=True)
+        return
+    for n in args.workers:
+        proc = subprocess.run([sys.executable, "-m", "bench.scale", "--one", "--workers", str(n), "--minutes",
+                               str(args.minutes), "--median", str(args.median), "--sigma", str(args.sigma)],
+                              capture_output=True, text=True)
+        if proc.returncode:
+            raise SystemExit(f"bench.scale --workers {n} failed:\n{proc.stderr}")
+        print(proc.stdout.strip(), flush=True)
+
+
+if __name__ == "__main__":
+    main()
