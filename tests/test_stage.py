@@ -79,7 +79,7 @@ def test_a_staged_local_job_runs_from_the_copy(data, tmp_path, capsys):  # noqa:
     log = next((out / "job").glob("local-*.out")).read_text()
     assert (out / "summary.json").exists(), log
     assert json.loads((out / "data.json").read_text())["path"].startswith(str(local)), log  # read from the copy
-    deadline = time.time() + 30
+    deadline = time.time() + 120  # removing the unpacked environment (a GiB of files) takes a while on a busy node
     while any(local.iterdir()) and time.time() < deadline:  # the script removes it once the launcher is done
         time.sleep(0.5)
     assert not any(local.iterdir()), os.listdir(local)
