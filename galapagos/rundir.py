@@ -3,9 +3,9 @@ fingerprint of the data it was evolved on (data.json, galapagos/fingerprint.py),
 jobs (clock.json) and the lock a live run holds (.lock, galapagos/runlock.py).
 
 An ensemble directory keeps its journal the same way. One journal line (results.jsonl) per finished task:
-what ran (an evaluation: parents, origin, inherits; an ensemble member: name, seed, origin; both: id, genome, key, params),
-how it ended (status, fitness, metrics, the fitness after each epoch as `curve`, error) and where and when (rank,
-host, start, end). Only :func:`journal_record` makes one.
+what ran (an evaluation: parents, origin, inherits; an ensemble member: name, seed, origin; both: id, genome,
+key, params), how it ended (status, fitness, metrics, the fitness after each epoch as `curve`, error) and where
+and when (rank, host, start, end). Only :func:`journal_record` makes one.
 """
 from __future__ import annotations
 
