@@ -6,8 +6,9 @@ Drives rank 0's evolution source without MPI, as the master loop does: `next_tas
 checks and repairs it, counts its parameters, makes the task) then `on_result` (the engine learns the fitness,
 the journal gets its fsynced line, best/ and the kept models are updated). The limit it is held to: Summit's 27,648
 GPUs training one-minute candidates finish 460 tasks a second, all through this one process. Reported: tasks per
-second of the master's wall time (its CPU time alone beside it), its ratio to those 460, a journal append's time, and the parameter count as the master
-makes it (shape arithmetic) against a module built on the meta device (what it did before), same genomes.
+second of the master's wall time (its CPU time alone beside it), its ratio to those 460, a journal append's time,
+and the parameter count as the master makes it (shape arithmetic) against a module built on the meta device (what
+it did before), same genomes.
 """
 from __future__ import annotations
 
@@ -31,6 +32,22 @@ from launch.protocol import Result, Status
 SUMMIT_RATE = 27_648 / 60  # tasks per second: every GPU of Summit on one-minute candidates
 
 
+def timed_source(tmp: str, problem: Problem, config) -> tuple[EvolutionSource, list[float]]:
+    """Rank 0's evolution source on a new run directory under `tmp`, and the list that gets the seconds of each
+    journal append it makes."""
+    run = RunDir.open(Path(tmp) / "run", resume=False)
+    source = EvolutionSource(Engine(config.space, problem, config.evolution), config, run, problem)
+    appends, original = [], run.append
+
+    def timed_append(record: dict) -> None:
+        t = time.perf_counter()
+        original(record)
+        appends.append(time.perf_counter() - t)
+
+    run.append = timed_append
+    return source, appends
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tasks", type=int, default=3000)
@@ -40,16 +57,7 @@ def main(argv: list[str] | None = None) -> dict:
     config = load_config(None, [f"run.evaluations={args.tasks}", "evolution.population_size=64"])
     rng = random.Random(0)
     with tempfile.TemporaryDirectory() as tmp:
-        run = RunDir.open(Path(tmp) / "run", resume=False)
-        source = EvolutionSource(Engine(config.space, problem, config.evolution), config, run, problem)
-        appends, original = [], run.append
-
-        def timed_append(record: dict) -> None:
-            t = time.perf_counter()
-            original(record)
-            appends.append(time.perf_counter() - t)
-
-        run.append = timed_append
+        source, appends = timed_source(tmp, problem, config)
         genomes = []
         t0, w0 = time.process_time(), time.perf_counter()
         for _ in range(args.tasks):

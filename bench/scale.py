@@ -27,14 +27,11 @@ import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import launch.runtime
-from evolve.engine import Engine
+from bench.master_cost import timed_source
 from evolve.problem import Problem
 from galapagos.config import load_config
-from galapagos.evolution import EvolutionSource
-from galapagos.rundir import RunDir
 from launch.protocol import Cancel, Progress, Ready, Result, Status, Stop, Stopped, Task
 
 EPOCHS = 6
@@ -159,26 +156,20 @@ def one(workers: int, minutes: float, median: float, sigma: float) -> dict:
             if (when := comm.next_event()) is not None:
                 clock.jump(when)
 
-    launch.runtime.time = clock  # master_serve reads time.time() only
-    launch.runtime.Backoff = Backoff
     problem = Problem((3, 32, 32), "classification", 10)
     config = load_config(None, ["evolution.population_size=64", "run.task_timeout=600"])
-    with tempfile.TemporaryDirectory() as tmp:
-        run = RunDir.open(Path(tmp) / "run", resume=False)
-        source = EvolutionSource(Engine(config.space, problem, config.evolution), config, run, problem)
-        appends, original = [], run.append
-
-        def timed_append(record: dict) -> None:
-            t = time.perf_counter()
-            original(record)
-            appends.append(time.perf_counter() - t)
-
-        run.append = timed_append
-        start = clock.time()
-        cpu = time.process_time()
-        state = launch.runtime.master_serve(comm, source, deadline=start + 60 * minutes, prefetch=0)
-        cpu = time.process_time() - cpu
-        wall = clock.time() - start
+    saved = launch.runtime.time, launch.runtime.Backoff
+    launch.runtime.time, launch.runtime.Backoff = clock, Backoff  # master_serve reads time.time() only
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            source, appends = timed_source(tmp, problem, config)
+            start = clock.time()
+            cpu = time.process_time()
+            state = launch.runtime.master_serve(comm, source, deadline=start + 60 * minutes, prefetch=0)
+            cpu = time.process_time() - cpu
+            wall = clock.time() - start
+    finally:
+        launch.runtime.time, launch.runtime.Backoff = saved
     done = len(source.records)
     ramp = max(comm.first_task.values()) - start
     return {"workers": workers, "virtual_minutes": round(wall / 60, 2), "tasks": done,

@@ -23,7 +23,7 @@ from .format import (FORMAT_VERSION, SPLITS, TASKS, DataError, DatasetInfo, chec
 
 log = logging.getLogger(__name__)
 
-__all__ = ["write_dataset", "import_npz", "split_sizes"]
+__all__ = ["write_dataset", "import_npz", "split_sizes", "consecutive_splits"]
 
 
 def write_dataset(out_path: str | os.PathLike, splits: Mapping[str, tuple[np.ndarray, np.ndarray]], *, task: str,
@@ -229,3 +229,11 @@ def split_sizes(n: int, fractions: Sequence[float] = (0.7, 0.15, 0.15)) -> tuple
     if first < 1:
         raise ValueError(f"{n} samples are too few for split fractions {tuple(fractions)}")
     return (first, *rest)
+
+
+def consecutive_splits(x: np.ndarray, y: np.ndarray, fractions: Sequence[float] = (0.7, 0.15, 0.15)
+                       ) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """train, val and test as consecutive slices of (x, y), sized by :func:`split_sizes` (views, not copies)."""
+    n_train, n_val, _ = split_sizes(len(x), fractions)
+    cut = (0, n_train, n_train + n_val, len(x))
+    return {name: (x[cut[i]:cut[i + 1]], y[cut[i]:cut[i + 1]]) for i, name in enumerate(("train", "val", "test"))}

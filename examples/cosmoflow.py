@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from datashare.format import DatasetInfo
-from datashare.write import split_sizes, write_dataset
+from datashare.write import consecutive_splits, write_dataset
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +67,7 @@ def generate(out_path: str | Path, *, samples: int = 1500, size: int = 16, seed:
         x[a:b, 0] = gaussian_fields(rng, log_a[a:b], slope[a:b], size)
     y = np.stack([log_a, slope], axis=1).astype(np.float32)
 
-    n_train, n_val, _ = split_sizes(samples, fractions)
-    cut = (0, n_train, n_train + n_val, samples)
-    splits = {name: (x[cut[i]:cut[i + 1]], y[cut[i]:cut[i + 1]]) for i, name in enumerate(("train", "val", "test"))}
+    splits = consecutive_splits(x, y, fractions)
     return write_dataset(
         out_path, splits, task="regression", name="cosmoflow-grf",
         description=(f"Gaussian random fields on a {size}^3 grid with P(k) = A (k/k_pivot)^-n, k_pivot = {size / 4:g} "

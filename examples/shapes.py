@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from datashare.format import DatasetInfo
-from datashare.write import split_sizes, write_dataset
+from datashare.write import consecutive_splits, write_dataset
 
 log = logging.getLogger(__name__)
 
@@ -74,10 +74,7 @@ def generate(out_path: str | Path, *, samples: int = 3000, size: int = 16, noise
     x = _render(label, rng, size) * brightness + rng.normal(0.0, noise, (samples, size, size))
     x = x.astype(np.float32)[:, None]
 
-    n_train, n_val, _ = split_sizes(samples, fractions)
-    cut = (0, n_train, n_train + n_val, samples)
-    splits = {name: (x[cut[i]:cut[i + 1]], label[cut[i]:cut[i + 1]])
-              for i, name in enumerate(("train", "val", "test"))}
+    splits = consecutive_splits(x, label, fractions)
     return write_dataset(
         out_path, splits, task="classification", num_classes=k, name="shapes",
         description=(f"{size}x{size} images of {k} shapes at random position, size and brightness, "

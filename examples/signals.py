@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from datashare.format import DatasetInfo
-from datashare.write import split_sizes, write_dataset
+from datashare.write import consecutive_splits, write_dataset
 
 CLASS_NAMES = ("sine_low", "sine_high", "chirp_up", "chirp_down", "square", "sawtooth", "bump", "biphasic",
                "double_pulse", "ringing")
@@ -66,10 +66,7 @@ def generate(out_path: str | Path, *, samples: int = 4000, length: int = 128, no
     x = amplitude * window * _bursts(label, np.clip(u, -0.5, 0.5), phase) + drift
     x = (x + rng.normal(0.0, noise, x.shape)).astype(np.float32)[:, None]
 
-    n_train, n_val, _ = split_sizes(samples, fractions)
-    cut = (0, n_train, n_train + n_val, samples)
-    splits = {name: (x[cut[i]:cut[i + 1]], label[cut[i]:cut[i + 1]])
-              for i, name in enumerate(("train", "val", "test"))}
+    splits = consecutive_splits(x, label, fractions)
     return write_dataset(
         out_path, splits, task="classification", num_classes=k, name="signals",
         description=(f"1x{length} traces with one burst of {k} kinds at random position, width, phase and amplitude, "

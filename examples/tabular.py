@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from datashare.format import DatasetInfo
-from datashare.write import split_sizes, write_dataset
+from datashare.write import consecutive_splits, write_dataset
 
 INFORMATIVE = 7
 COPIES = 2  # noisy copies of x0 and x3
@@ -48,9 +48,7 @@ def generate(out_path: str | Path, *, samples: int = 6000, noise: float = 1.0, s
     offset = rng.normal(0.0, 1.0, FEATURES) * scale
     x = (columns * scale + offset).astype(np.float32)
 
-    n_train, n_val, _ = split_sizes(samples, fractions)
-    cut = (0, n_train, n_train + n_val, samples)
-    splits = {name: (x[cut[i]:cut[i + 1]], y[cut[i]:cut[i + 1]]) for i, name in enumerate(("train", "val", "test"))}
+    splits = consecutive_splits(x, y, fractions)
     return write_dataset(
         out_path, splits, task="regression", name="tabular",
         description=(f"{FEATURES} features in mixed units ({INFORMATIVE} informative, {COPIES} noisy copies, "

@@ -107,15 +107,16 @@ def progress_plot(page: Page, records: list[dict], compare: tuple[str, list[dict
 def cost_plot(page: Page, records: list[dict], cost: str) -> None:
     """Fitness against one cost objective (params or latency), with the front of the two (fitter and cheaper)."""
     plt = _plt()
-    ok = [r for r in records if r["status"] == "ok" and objective_values(r, ("fitness", cost)) is not None]
+    points = {r["id"]: v for r in records
+              if r["status"] == "ok" and (v := objective_values(r, ("fitness", cost))) is not None}
     label = {"params": "parameters", "latency": "latency (ms per sample)"}[cost]
     fig, ax = plt.subplots(figsize=(7, 4))
-    if ok:
-        ax.scatter(*zip(*(objective_values(r, (cost, "fitness")) for r in ok)), s=12, alpha=.5, color=COLORS["ok"],
+    if points:
+        ax.scatter(*zip(*((c, f) for f, c in points.values())), s=12, alpha=.5, color=COLORS["ok"],
                    label="evaluations")
         front = Front(("fitness", cost))
-        for r in ok:
-            front.add(r["id"], objective_values(r, ("fitness", cost)))
+        for i, v in points.items():
+            front.add(i, v)
         steps = sorted((c, f) for f, c in front.members.values())
         ax.step(*zip(*steps), "-o", where="post", color="#264653", ms=4, label="Pareto front")
         ax.set_xscale("log")

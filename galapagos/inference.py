@@ -22,6 +22,7 @@ from evolve.pareto import best_pick
 from evolve.problem import Problem
 from galapagos.errors import UsageError
 from galapagos.options import PredictOptions
+from galapagos.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +216,7 @@ def _save(path: str | Path, avg: Averaged, y: np.ndarray, info: DatasetInfo, *, 
 
 def pick_network(run: str | Path, spec: str) -> str:
     """`--model RUN --pick SPEC`: the directory of the member of the run's Pareto front that SPEC names."""
-    pareto = Path(run) / "pareto.json"
+    pareto = RunDir(run).pareto
     if not pareto.exists():
         raise UsageError(f"--pick: {run} has no pareto.json: only the directory of a run with several [evolution] "
                          "objectives keeps a Pareto front")
