@@ -7,7 +7,10 @@ kept models, progress) on a simulated communicator of N worker ranks. Each task 
 `--median` seconds, sigma `--sigma`: a heavy tail), reports its fitness after every epoch (so the master judges
 every epoch, as it does pruning), and a few crash or run into their time limit. The clock is virtual: it runs with
 the master's own real time while the master works and jumps to the next worker event when the master would sleep,
-so a slow master shows as idle workers, and minutes of 27,648 workers cost only the master's own CPU time.
+so a slow master shows as idle workers, and minutes of 27,648 workers cost only the master's own CPU time. What the
+simulated workers do is kept out of both the master's CPU time and its clock; what MPI would cost the master is
+kept in: every message it sends is pickled and every message it receives unpickled, as mpi4py's `send` and
+`Message.recv` do.
 
 Measured per scale, each in a fresh process: the master's CPU time per task (target: under 100 us), the workers'
 utilization over the run (busy worker-seconds over workers x wall; target: at least 99% at 27,648), the same in
@@ -17,10 +20,12 @@ peak resident memory.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import heapq
 import itertools
 import json
 import math
+import pickle
 import random
 import resource
 import subprocess
@@ -39,10 +44,12 @@ CRASH, TIMEOUT = 0.01, 0.005  # fractions of tasks whose trainer dies, or that r
 
 
 class Clock:
-    """Real time plus the jumps taken while the master had nothing to do."""
+    """Real time, less the time the simulated workers took, plus the jumps taken while the master had nothing to
+    do."""
 
     def __init__(self) -> None:
         self.offset = 0.0
+        self.sim_cpu = 0.0  # CPU seconds spent simulating the workers (not the master's)
 
     def time(self) -> float:
         return time.time() + self.offset
@@ -50,13 +57,25 @@ class Clock:
     def jump(self, to: float) -> None:
         self.offset += max(0.0, to - self.time())
 
+    @contextlib.contextmanager
+    def aside(self):
+        """Time spent in this block is the simulated workers': it moves neither the clock nor the master's CPU."""
+        wall, cpu = time.perf_counter(), time.process_time()
+        try:
+            yield
+        finally:
+            self.offset -= time.perf_counter() - wall
+            self.sim_cpu += time.process_time() - cpu
+
 
 class Message:
-    def __init__(self, obj):
-        self.obj = obj
+    """A received message: its bytes, unpickled by the master as mpi4py's Message.recv does."""
+
+    def __init__(self, data: bytes):
+        self.data = data
 
     def recv(self):
-        return self.obj
+        return pickle.loads(self.data)
 
 
 class SimComm:
@@ -82,6 +101,11 @@ class SimComm:
         heapq.heappush(self.events, (when, next(self.seq), obj))
 
     def improbe(self, source=None, tag=None):
+        with self.clock.aside():
+            data = self._arrived()
+        return None if data is None else Message(data)
+
+    def _arrived(self) -> bytes | None:
         while self.events and self.events[0][0] <= self.clock.time():
             obj = heapq.heappop(self.events)[2]
             if isinstance(obj, Result) and obj.status not in (Status.PRUNED, Status.CANCELLED):
@@ -91,7 +115,7 @@ class SimComm:
                     continue
             elif isinstance(obj, Progress) and obj.id in self.cancelled:
                 continue
-            return Message(obj)
+            return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
         return None
 
     def utilization(self, begin: float, end: float) -> float:
@@ -103,6 +127,11 @@ class SimComm:
         return self.events[0][0] if self.events else None
 
     def send(self, obj, dest: int, tag=None) -> None:
+        data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)  # the master's share of an MPI send
+        with self.clock.aside():
+            self._receive(pickle.loads(data), dest)
+
+    def _receive(self, obj, dest: int) -> None:
         now = self.clock.time()
         if isinstance(obj, Task):
             self._run(obj, dest, now)
@@ -153,7 +182,9 @@ def one(workers: int, minutes: float, median: float, sigma: float) -> dict:
             pass
 
         def sleep(self) -> None:
-            if (when := comm.next_event()) is not None:
+            with clock.aside():
+                when = comm.next_event()
+            if when is not None:
                 clock.jump(when)
 
     problem = Problem((3, 32, 32), "classification", 10)
@@ -166,11 +197,11 @@ def one(workers: int, minutes: float, median: float, sigma: float) -> dict:
             start = clock.time()
             cpu = time.process_time()
             state = launch.runtime.master_serve(comm, source, deadline=start + 60 * minutes, prefetch=0)
-            cpu = time.process_time() - cpu
+            cpu = time.process_time() - cpu - clock.sim_cpu
             wall = clock.time() - start
     finally:
         launch.runtime.time, launch.runtime.Backoff = saved
-    done = len(source.records)
+    done = source.done
     ramp = max(comm.first_task.values()) - start
     return {"workers": workers, "virtual_minutes": round(wall / 60, 2), "tasks": done,
             "master_cpu_us_per_task": round(1e6 * cpu / max(done, 1), 1),
@@ -179,8 +210,7 @@ def one(workers: int, minutes: float, median: float, sigma: float) -> dict:
             "steady_utilization": round(comm.utilization(start + ramp, start + wall), 4),
             "journal_lines_per_s": round(len(appends) / max(sum(appends), 1e-9)),
             "master_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-            "by_status": {s: sum(r["status"] == s for r in source.records) for s in ("ok", "pruned", "crashed",
-                                                                                    "timeout")},
+            "by_status": dict(source.by_status),
             "lost": len(state.lost)}
 
 

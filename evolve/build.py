@@ -280,6 +280,11 @@ def count_params(genome: Genome, problem: Problem, builder: str = "") -> int:
     user's `builder` network is built on the meta device and counted."""
     if builder:
         return sum(p.numel() for p in build_model(genome, problem, "meta", builder=builder).parameters())
+    return _shape_count(genome, problem)
+
+
+@functools.lru_cache(maxsize=_CHECK_CACHE_SIZE)  # the master counts each child twice: checking it, journalling it
+def _shape_count(genome: Genome, problem: Problem) -> int:
     nd = problem.spatial_dims
     c, shape = problem.channels, tuple(problem.spatial_shape)
     split = genome.dense_start if nd > 0 else 0
@@ -367,6 +372,8 @@ def _repair(genome: Genome, problem: Problem, space: SearchSpace) -> Genome:
             shape = spatial_shape_after(gene, shape)
         if _head_features(channels, shape, head) > space.max_flatten_features:
             head = _pooling_head(space) or head
+    if tuple(layers) == genome.layers and head == genome.head:
+        return genome  # most children need no repair: no new genome to make and validate
     return genome.replace(layers=tuple(layers), head=head)
 
 

@@ -16,6 +16,7 @@ decimals) so that the same network always has the same :attr:`Genome.key`, in an
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import json
 import math
@@ -31,6 +32,7 @@ __all__ = [
     "DENSE_PART_TYPES",
     "GENE_FIELDS",
     "Gene",
+    "make_gene",
     "Genome",
     "HEADS",
     "LAYER_TYPES",
@@ -111,7 +113,7 @@ def _check_field(gene_type: str, name: str, value: Any, where: str) -> Any:
 class Gene(Mapping):
     """One layer: an immutable mapping with a ``type`` key and that type's fields (see :data:`GENE_FIELDS`)."""
 
-    __slots__ = ("_type", "_fields", "_hash")
+    __slots__ = ("_type", "_fields", "_hash", "_canonical")
 
     def __init__(self, type: str, _where: str = "gene", **fields: Any) -> None:
         if type not in GENE_FIELDS:
@@ -119,14 +121,17 @@ class Gene(Mapping):
         expected = GENE_FIELDS[type]
         missing = [f for f in expected if f not in fields]
         if missing:
-            raise InvalidGenome(f"{_where} ({type}): missing field {missing[0]!r} (a {type} gene has {', '.join(expected)})")
+            raise InvalidGenome(f"{_where} ({type}): missing field {missing[0]!r} "
+                                f"(a {type} gene has {', '.join(expected)})")
         extra = sorted(set(fields) - set(expected))
         if extra:
-            raise InvalidGenome(f"{_where} ({type}): unknown field {extra[0]!r} (a {type} gene has {', '.join(expected)})")
+            raise InvalidGenome(f"{_where} ({type}): unknown field {extra[0]!r} "
+                                f"(a {type} gene has {', '.join(expected)})")
         values = tuple((f, _check_field(type, f, fields[f], _where)) for f in expected)
         object.__setattr__(self, "_type", type)
         object.__setattr__(self, "_fields", values)
         object.__setattr__(self, "_hash", hash((type, values)))
+        object.__setattr__(self, "_canonical", None)
 
     # --- mapping protocol: gene["type"], gene["channels"], dict(gene) ---
     def __getitem__(self, key: str) -> Any:
@@ -169,7 +174,7 @@ class Gene(Mapping):
         return self._hash
 
     def __reduce__(self):
-        return (_gene_from_json, (self.to_json(),))
+        return (_interned, (self._type, self._fields))
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{k}={v!r}" for k, v in self._fields)
@@ -185,10 +190,16 @@ class Gene(Mapping):
         return dict(self._fields)
 
     def replace(self, **changes: Any) -> "Gene":
-        return Gene(self._type, **{**dict(self._fields), **changes})
+        return make_gene(self._type, **{**dict(self._fields), **changes})
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self._type, **dict(self._fields)}
+
+    def canonical(self) -> str:
+        """The gene's JSON with sorted keys and no spaces (made once): its part of the genome's key."""
+        if self._canonical is None:
+            object.__setattr__(self, "_canonical", _canonical_json(self.to_json()))
+        return self._canonical
 
     @classmethod
     def from_json(cls, d: Any, where: str = "gene") -> "Gene":
@@ -217,8 +228,21 @@ class Gene(Mapping):
         return f"dense{f['units']}-{f['act']}"
 
 
-def _gene_from_json(d: dict[str, Any]) -> Gene:
-    return Gene.from_json(d)
+_canonical_json = json.JSONEncoder(sort_keys=True, separators=(",", ":")).encode
+
+
+def make_gene(type: str, **fields: Any) -> Gene:
+    """``Gene(type, **fields)``, the same object for the same values: the space of genes is small and breeding
+    (and unpickling every task's genome) makes the same ones over and over (bench/scale.py)."""
+    try:
+        return _interned(type, tuple(fields.items()))
+    except TypeError:  # a value that cannot be hashed: Gene says what is wrong with it
+        return Gene(type, **fields)
+
+
+@functools.lru_cache(maxsize=4096)
+def _interned(type: str, items: tuple) -> Gene:
+    return Gene(type, **dict(items))
 
 
 def _fmt_float(x: float) -> str:
@@ -258,14 +282,22 @@ class Genome:
             raise InvalidGenome(f"genome.weight_decay: expected a number >= 0, got {self.weight_decay!r}")
         object.__setattr__(self, "weight_decay", round_sig(wd) + 0.0)
         object.__setattr__(self, "head", _as_choice("genome.head", self.head, HEADS))
-        canonical = json.dumps(self.to_json(), sort_keys=True, separators=(",", ":"))
-        object.__setattr__(self, "_key", hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16])
 
     # --- identity ---
     @property
     def key(self) -> str:
-        """16 hex chars of sha256 over the canonical JSON: the genome's identity for deduplication and files."""
-        return self._key  # type: ignore[attr-defined]
+        """16 hex chars of sha256 over the canonical JSON (:meth:`to_json` with sorted keys and no spaces): the
+        genome's identity for deduplication and files. Made when first asked for, from the genes' own canonical
+        JSON: breeding makes several genomes per child that nobody asks the key of (bench/scale.py)."""
+        key = self.__dict__.get("_key")
+        if key is None:
+            c = _canonical_json
+            canonical = (f'{{"batch_size":{c(self.batch_size)},"head":{c(self.head)},"layers":['
+                         f'{",".join(g.canonical() for g in self.layers)}],"lr":{c(self.lr)},'
+                         f'"optimizer":{c(self.optimizer)},"weight_decay":{c(self.weight_decay)}}}')
+            key = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
+            object.__setattr__(self, "_key", key)
+        return key
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Genome):

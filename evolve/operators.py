@@ -1,21 +1,22 @@
 """How the search moves: mutation, crossover and tournament selection, registered on a DEAP toolbox.
 
-DEAP's operators draw from the global :mod:`random` module. So that a run depends only on its seed, every DEAP
-call here runs with the global generator temporarily set to the state of the ``random.Random`` passed in, and
-that generator advances exactly as if DEAP had used it (not thread-safe: the engine is single-threaded).
+Selection and crossover are DEAP's ``selTournament`` and ``cxMessyOnePoint``, drawn from the ``random.Random``
+passed in (so that a run depends only on its seed) exactly as DEAP draws from the global generator: the same
+winners and children for the same state (tests/test_operators.py checks it against DEAP), without DEAP's
+per-call individuals, which cost the master a fifth of its time per child at scale (bench/scale.py).
 
 Operators return raw offspring; :func:`evolve.build.check_genome` repairs and validates them.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
+import itertools
 import math
 import random
-from typing import Callable, Iterator, Sequence, TypeVar
+from typing import Callable, Sequence, TypeVar
 
-from deap import base, creator, tools
+from deap import base, creator
 
 from .genome import GENE_FIELDS, Gene, Genome
 from .problem import Problem
@@ -25,7 +26,6 @@ __all__ = [
     "MUTATIONS",
     "Individual",
     "crossover",
-    "deap_random",
     "make_toolbox",
     "mutate",
     "select",
@@ -43,22 +43,6 @@ if not hasattr(creator, "GalapagosIndividual"):
 Individual = creator.GalapagosIndividual
 
 _WORST = -math.inf
-
-
-@contextlib.contextmanager
-def deap_random(rng: random.Random) -> Iterator[None]:
-    """Run DEAP code (which uses the global ``random``) on ``rng``'s stream, leaving the global state untouched."""
-    saved = random.getstate()
-    random.setstate(rng.getstate())
-    try:
-        yield
-    finally:
-        rng.setstate(random.getstate())
-        random.setstate(saved)
-
-
-def _individual(genes: Sequence[Gene]) -> Individual:
-    return Individual(genes)
 
 
 # --- selection ---
@@ -86,12 +70,18 @@ def crossover(a: Genome, b: Genome, rng: random.Random) -> Genome:
     training gene (optimizer, lr, batch size, weight decay, head) taken from one parent or the other.
     """
     (sa, da), (sb, db) = a.sections(), b.sections()
-    with deap_random(rng):
-        spatial, _ = _TOOLBOX.mate_layers(_individual(sa), _individual(sb))
-        dense, _ = _TOOLBOX.mate_layers(_individual(da), _individual(db))
+    spatial, dense = _messy_one_point(sa, sb, rng), _messy_one_point(da, db, rng)
     training = {name: getattr(a if rng.random() < 0.5 else b, name)
                 for name in ("optimizer", "lr", "batch_size", "weight_decay", "head")}
     return Genome(layers=tuple(spatial) + tuple(dense), **training)
+
+
+def _messy_one_point(a: Sequence[Gene], b: Sequence[Gene], rng: random.Random) -> tuple[Gene, ...]:
+    """The first child of DEAP's ``cxMessyOnePoint`` (a's genes up to one random point, then b's from another),
+    drawn from ``rng`` as DEAP draws from the global generator: the same children for the same state, without
+    swapping the generators' states and making DEAP individuals for every child (bench/scale.py)."""
+    i, j = rng.randint(0, len(a)), rng.randint(0, len(b))
+    return tuple(a[:i]) + tuple(b[j:])
 
 
 # --- mutation ---
@@ -244,11 +234,13 @@ MUTATIONS: dict[str, tuple[_Mutation, float]] = {
 _MAX_TRIES = 30
 
 
+_NAMES = tuple(MUTATIONS)
+_CUM_WEIGHTS = tuple(itertools.accumulate(MUTATIONS[n][1] for n in _NAMES))  # what choices(weights=) would make
+
+
 def _mutate_once(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome:
-    names = list(MUTATIONS)
-    weights = [MUTATIONS[n][1] for n in names]
     for _ in range(_MAX_TRIES):
-        name = rng.choices(names, weights=weights)[0]
+        name = rng.choices(_NAMES, cum_weights=_CUM_WEIGHTS)[0]
         child = MUTATIONS[name][0](genome, space, problem, rng)
         if child is not None and child.key != genome.key:
             return child
@@ -283,7 +275,3 @@ def make_toolbox(space: SearchSpace, problem: Problem) -> base.Toolbox:
 def _mutate_with(space: SearchSpace, problem: Problem, genome: Genome, rng: random.Random, n: int = 1) -> Genome:
     return mutate(genome, space, problem, rng, n)
 
-
-# The DEAP primitives used above (they draw from the global random, so always call inside deap_random).
-_TOOLBOX = base.Toolbox()
-_TOOLBOX.register("mate_layers", tools.cxMessyOnePoint)

@@ -22,6 +22,7 @@ from .genome import (
     POOL_OPS,
     SPATIAL_TYPES,
     Gene,
+    make_gene,
     Genome,
 )
 from .problem import Problem
@@ -177,7 +178,7 @@ class SearchSpace(Table):
                     values["size"] = rng.choice(fitting)
             elif gene_type == "conv" and max(spatial_shape) <= 1:
                 values["stride"] = 1
-        return Gene(gene_type, **values)
+        return make_gene(gene_type, **values)
 
     def _pool_sizes_fitting(self, spatial_shape: tuple[int, ...]) -> tuple[int, ...]:
         return tuple(s for s in self.pool_sizes if s <= min(spatial_shape))

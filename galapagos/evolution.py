@@ -10,7 +10,6 @@ import json
 import logging
 import random
 import shutil
-import statistics
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -56,12 +55,13 @@ class EvolutionSource(JournalSource):
     def __init__(self, engine: Engine, config: Config, run: RunDir, problem: Problem, *,
                  deadline: float | None = None, view: ProgressView | None = None, records: list[dict] = (),
                  spent: float = 0.0, tracker: Tracker | None = None):
-        super().__init__(run, records, view=view, deadline=deadline)
+        super().__init__(run, records, view=view, deadline=deadline, keep=False)
         self.tracker = tracker  # experiment tracking ([report]), if any
         self.spent = spent  # search seconds of the run's earlier jobs
         self.engine, self.config, self.run, self.problem = engine, config, run, problem
         self.inflight: dict[int, dict] = {}  # id -> what the record needs besides the result
-        self.by_epoch: dict[int, list[float]] = defaultdict(list)  # epoch -> fitness of finished candidates
+        # epoch -> best fitness by then of each finished candidate, kept sorted: the median is read, not sorted for
+        self.by_epoch: dict[int, list[float]] = defaultdict(list)
         self.best: dict | None = None
         self.top: list[tuple[float, int]] = []  # (fitness, id) of the best evaluations: their weights are kept
         self.held: set[int] = set()  # evaluations whose weights are in models/
@@ -69,10 +69,10 @@ class EvolutionSource(JournalSource):
         self.front = Front(objectives) if len(objectives) > 1 else None  # kept in front/ and pareto.json
         self.front_rows: dict[int, dict] = {}  # id -> its line in pareto.json
         self.unmeasured = False  # an evaluation lacked an objective's value (warned once)
-        for r in self.records:
+        for r in records:
             self._learn(r, live=False)
         if self.front is not None:
-            self._sync_front()
+            self._sync_front(records)
         self.held = {i for i in self.held if self.run.model_path(i).exists()}
         self.run.prune_models(self.kept())  # weights of tasks that were running when a run was killed
         self.exhausted: str | None = None  # why the space has no new genome left
@@ -84,7 +84,7 @@ class EvolutionSource(JournalSource):
         return self.config.run.evaluations or None
 
     def next_task(self) -> Task | None:
-        if self.exhausted or (self.budget is not None and len(self.records) + len(self.inflight) >= self.budget):
+        if self.exhausted or (self.budget is not None and self.done + len(self.inflight) >= self.budget):
             return None
         try:
             cand = self.engine.ask()
@@ -105,7 +105,7 @@ class EvolutionSource(JournalSource):
         return Task(cand.id, payload, self.config.run.task_timeout)
 
     def finished(self) -> bool:
-        return bool(self.exhausted) or (self.budget is not None and len(self.records) >= self.budget)
+        return bool(self.exhausted) or (self.budget is not None and self.done >= self.budget)
 
     def search_seconds(self) -> float:
         """The run's search time over all its jobs so far (what its time budget counts)."""
@@ -144,7 +144,7 @@ class EvolutionSource(JournalSource):
             self._place(record, live)
         curve = record.get("curve", [])
         for epoch in range(1, len(curve) + 1):
-            self.by_epoch[epoch].append(max(curve[:epoch]))
+            bisect.insort(self.by_epoch[epoch], max(curve[:epoch]))
         bisect.insort(self.top, (-record["fitness"], record["id"]))
         del self.top[self.config.run.keep_models:]
         self.held.add(record["id"])
@@ -193,13 +193,13 @@ class EvolutionSource(JournalSource):
                 shutil.rmtree(self.run.front / str(k), ignore_errors=True)
             self._save_pareto()
 
-    def _sync_front(self) -> None:
+    def _sync_front(self, records: list[dict]) -> None:
         """A resumed run: front/ holds exactly the members of the front the journal gives."""
         if self.run.front.is_dir():
             for d in self.run.front.iterdir():
                 if not (d.name.isdigit() and int(d.name) in self.front_rows):
                     shutil.rmtree(d, ignore_errors=True)
-        by_id = {r["id"]: r for r in self.records}
+        by_id = {r["id"]: r for r in records if r["id"] in self.front_rows}
         for i in self.front_rows:
             if not NetworkDir(self.run.front / str(i)).complete() and self.run.model_path(i).exists():
                 self.run.save_network(self.run.front / str(i), by_id[i], self._network_extra(by_id[i]))
@@ -216,12 +216,18 @@ class EvolutionSource(JournalSource):
         curve, run = self.curves[task_id], self.config.run
         peers = self.by_epoch.get(len(curve), [])
         if (run.prune and run.prune_after <= len(curve) < self.config.train.epochs
-                and len(peers) >= run.prune_min_results and max(curve) < statistics.median(peers)):
+                and len(peers) >= run.prune_min_results and max(curve) < _median(peers)):
             return Status.PRUNED
         return None
 
     def snapshot(self) -> Snapshot:
         return self._snapshot(total=self.budget, best=self.best["fitness"] if self.best else None)
+
+
+def _median(ordered: list[float]) -> float:
+    """The median of a sorted list (as statistics.median, without sorting it again)."""
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
 
 
 def check(opts: EvolveOptions) -> tuple[Config, DatasetInfo, dict]:
@@ -359,7 +365,7 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
     run.prune_models(source.kept())  # what cancelled tasks wrote before their trainers were stopped
     wall, searched = time.time() - start, source.search_seconds()
     run.record_seconds(searched)
-    summary = summarize(source.records, population_size=config.evolution.population_size, workers=comm.size - 1,
+    summary = summarize(run.iter_journal(), population_size=config.evolution.population_size, workers=comm.size - 1,
                         wall_seconds=wall, busy_seconds=state.busy_seconds)
     # The master's own CPU use while it served: it should leave the cores to training.
     summary["master_cpu_share"] = round((time.process_time() - cpu) / max(time.time() - serve_start, 1e-9), 4)
@@ -402,9 +408,8 @@ def salvage(opts: EvolveOptions, code: int) -> dict | None:
     except (RunDirError, OSError):
         return None
     try:
-        records = run.read_journal()
         config = load_config(run.config)
-        summary = summarize(records, population_size=config.evolution.population_size)
+        summary = summarize(run.iter_journal(), population_size=config.evolution.population_size)
         summary["search_seconds"] = round(run.spent_seconds(), 2)
         summary["ended_by"] = f"the job's failure (exit code {code})"
         run.save(run.summary, summary)

@@ -62,6 +62,11 @@ def line(s: Snapshot) -> str:
             f" | {_clock(s.elapsed)} elapsed{left}")
 
 
+# Seconds between redraws of the bar that new results force: at thousands of results a second, a snapshot file
+# per result would cost the master more than a terminal can show (bench/scale.py).
+MIN_REDRAW = 0.1
+
+
 class ProgressView:
     """Rank 0's side: snapshots to the starting process's file when it draws the bar, else log lines."""
 
@@ -70,20 +75,27 @@ class ProgressView:
                                                  else None)
         self.every, self.last = every, 0.0
 
-    def show(self, s: Snapshot, force: bool = False) -> None:
-        now = time.time()
+    def due(self, force: bool = False) -> bool:
+        """Whether show() would show a snapshot now: the master asks before making one, at every event."""
+        elapsed = time.time() - self.last
         if self.relay is not None:
-            if force or now - self.last >= 0.5:
-                tmp = self.relay.with_name(self.relay.name + ".tmp")
-                try:
-                    tmp.write_text(json.dumps(asdict(s)))
-                    os.replace(tmp, self.relay)
-                except OSError:  # the starting process is gone: nobody to draw for
-                    self.relay = None
-                self.last = now
-        elif force or now - self.last >= self.every:
+            return elapsed >= (MIN_REDRAW if force else 0.5)
+        return log.isEnabledFor(logging.INFO) and (force or elapsed >= self.every)
+
+    def show(self, s: Snapshot, force: bool = False, final: bool = False) -> None:
+        """Show `s` if due (`force`: a new result; `final`: the run's last snapshot, always shown)."""
+        if not (final or self.due(force)):
+            return
+        if self.relay is not None:
+            tmp = self.relay.with_name(self.relay.name + ".tmp")
+            try:
+                tmp.write_text(json.dumps(asdict(s)))
+                os.replace(tmp, self.relay)
+            except OSError:  # the starting process is gone: nobody to draw for
+                self.relay = None
+        else:
             log.info("%s", line(s))
-            self.last = now
+        self.last = time.time()
 
     def message(self, text: str, level: int = logging.WARNING) -> None:
         log.log(level, "%s", text)

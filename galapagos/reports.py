@@ -6,21 +6,30 @@ import json
 import statistics
 from collections import Counter
 from pathlib import Path
+from typing import Iterable
 
 from evolve.genome import Genome
 from launch.protocol import Status
 
 
-def summarize(records: list[dict], *, population_size: int, workers: int | None = None,
+def summarize(records: Iterable[dict], *, population_size: int, workers: int | None = None,
               wall_seconds: float | None = None, busy_seconds: float | None = None) -> dict:
-    """Evaluations by status, the best network, how it compares with the initial population, utilisation."""
-    scored = [r for r in records if r["fitness"] is not None and r["status"] == Status.OK]
-    best = max(scored, key=lambda r: r["fitness"]) if scored else None
-    initial = [r for r in scored if r["id"] < population_size]
-    out = {"evaluations": len(records), "by_status": dict(Counter(r["status"] for r in records)),
-           "best": None, "initial_population_best": max((r["fitness"] for r in initial), default=None),
-           "initial_population_median": statistics.median([r["fitness"] for r in initial]) if initial else None,
-           "succeeded": len(scored)}
+    """Evaluations by status, the best network, how it compares with the initial population, utilisation. One pass
+    over `records`, holding none of them but the best (the master passes the journal as it reads it back)."""
+    by_status, count, succeeded, best, initial = Counter(), 0, 0, None, []
+    for r in records:
+        count += 1
+        by_status[r["status"]] += 1
+        if r["fitness"] is None or r["status"] != Status.OK:
+            continue
+        succeeded += 1
+        if best is None or r["fitness"] > best["fitness"]:
+            best = r
+        if r["id"] < population_size:
+            initial.append(r["fitness"])
+    out = {"evaluations": count, "by_status": dict(by_status), "best": None,
+           "initial_population_best": max(initial, default=None),
+           "initial_population_median": statistics.median(initial) if initial else None, "succeeded": succeeded}
     if best:
         out["best"] = {"id": best["id"], "fitness": best["fitness"], "params": best["params"],
                        "genome": Genome.from_json(best["genome"]).describe(), "metrics": best["metrics"]}

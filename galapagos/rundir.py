@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Iterator
 
 from datashare.format import DatasetInfo
 from evolve.files import write_json
@@ -132,13 +132,17 @@ class RunDir:
 
     def read_journal(self) -> list[dict]:
         """Every finished evaluation so far; a torn last line (the run was killed mid-write) is cut off."""
+        return list(self.iter_journal())
+
+    def iter_journal(self) -> Iterator[dict]:
+        """read_journal one record at a time (for a pass over a journal too big to hold)."""
         if not self.journal.exists():
-            return []
-        records, good = [], 0
+            return
+        good = 0
         with open(self.journal, "rb") as f:
             for number, line in enumerate(f, 1):
                 try:
-                    records.append(json.loads(line))
+                    record = json.loads(line)
                 except json.JSONDecodeError:
                     if f.read(1):  # not the last line: the journal was edited or corrupted
                         raise RunDirError(f"{self.journal}:{number}: not a JSON line") from None
@@ -146,10 +150,10 @@ class RunDir:
                                 self.journal, number)
                     break
                 good += len(line)
+                yield record
         if good != self.journal.stat().st_size:
             with open(self.journal, "r+b") as f:
                 f.truncate(good)
-        return records
 
     def append(self, record: dict) -> None:
         """One finished evaluation, written through to the kernel before the run goes on (it survives the death

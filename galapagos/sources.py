@@ -15,15 +15,18 @@ class JournalSource:
     """Subclasses hand out the tasks (next_task, finished) and say what each record holds (on_result)."""
 
     def __init__(self, journal: RunDir, records: list[dict] = (), *, view: ProgressView | None = None,
-                 deadline: float | None = None):
-        self.journal, self.records = journal, list(records)
+                 deadline: float | None = None, keep: bool = True):
+        """`records`: what earlier jobs of the run finished. `keep`: keep every record in `records` (False: only
+        count them; the journal on disk has them, and a million evaluations would fill the master's memory)."""
+        self.journal, self.keep = journal, keep
+        self.records = list(records) if keep else []
         self.view, self.deadline = view or ProgressView(), deadline
         self.curves: dict[int, list[float]] = {}  # running task -> its fitness after each epoch
         self.started = time.time()
         self.state: MasterState | None = None
         self.shown = -1
-        self.resumed = len(self.records)  # finished by earlier jobs of the run
-        self.by_status = Counter(str(r["status"]) for r in self.records)
+        self.done = self.resumed = len(records)  # finished in all; by earlier jobs of the run
+        self.by_status = Counter(str(r["status"]) for r in records)
 
     def running(self, task_id: int) -> None:
         self.curves[task_id] = []
@@ -36,7 +39,9 @@ class JournalSource:
             return None
         record = journal_record(r, curve, what)
         self.journal.append(record)
-        self.records.append(record)
+        if self.keep:
+            self.records.append(record)
+        self.done += 1
         self.by_status[record["status"]] += 1
         return record
 
@@ -58,17 +63,20 @@ class JournalSource:
 
     def _snapshot(self, *, total: int | None, best: float | None) -> Snapshot:
         state, elapsed = self.state, time.time() - self.started
-        return Snapshot(done=len(self.records), total=total, best=best, busy=state.busy if state else 0,
+        return Snapshot(done=self.done, total=total, best=best, busy=state.busy if state else 0,
                         workers=state.workers if state else 0, elapsed=elapsed,
                         remaining=None if self.deadline is None else max(0.0, self.deadline - time.time()),
                         by_status=dict(self.by_status),
-                        rate=60 * (len(self.records) - self.resumed) / max(elapsed, 1e-9))
+                        rate=60 * (self.done - self.resumed) / max(elapsed, 1e-9))
 
     def snapshot(self) -> Snapshot:
         raise NotImplementedError
 
     def on_tick(self, state: MasterState) -> None:
-        """After each round of dispatch: a log line per finished task, or a live bar redraw."""
+        """After each round of dispatch: a log line per finished task, or a live bar redraw (at most every
+        progress.MIN_REDRAW seconds); the run's last snapshot is always shown."""
         self.state = state
-        self.view.show(self.snapshot(), force=len(self.records) != self.shown)
-        self.shown = len(self.records)
+        force = self.done != self.shown
+        if state.ended or self.view.due(force):
+            self.view.show(self.snapshot(), force, final=state.ended)
+            self.shown = self.done

@@ -6,6 +6,7 @@ and sleeps briefly (Backoff) only when nothing happened, so it takes no CPU from
 from __future__ import annotations
 
 import atexit
+import heapq
 import logging
 import os
 import signal
@@ -96,6 +97,7 @@ class MasterState:
     busy_seconds: float = 0.0
     started: float = field(default_factory=time.time)
     stopping: bool = False
+    ended: bool = False  # the loop is over: the source's last tick
     lost: set[int] = field(default_factory=set)  # worker ranks that stopped answering: given up, sent nothing more
     slots: Slots = field(default_factory=Slots)  # tasks each worker rank holds
 
@@ -161,6 +163,8 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
     slots = state.slots
     sent: dict[int, float] = {}  # task id -> when it was sent
     heard: dict[int, float] = {}  # worker rank -> when it last reported a result (its queued task starts then)
+    order: dict[int, list[int]] = defaultdict(list)  # worker rank -> the ids of the tasks it holds, as sent
+    watch: list[tuple[float, int]] = []  # heap: (earliest time its rank may be given up as lost, task id)
     backoff = Backoff()
     last_tick = last_check = 0.0
     mean_seconds: float | None = None
@@ -172,19 +176,24 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
         """End a task on the master's word: the source hears of it as of any result (and journals it)."""
         rank, _ = state.running.pop(task_id)
         sent.pop(task_id, None)
+        order[rank].remove(task_id)
         source.on_result(Result(task_id, rank, state.hosts.get(rank, ""), status, None, started, now, error=error))
 
     def give_up_silent_ranks(now: float) -> None:
         """A rank whose running task (the first it holds: they run in order) is past its time limit plus the
-        grace has stopped answering (its supervisor would have reported the timeout): its tasks end as LOST."""
-        heads: dict[int, tuple[int, Task]] = {}
-        for task_id, (rank, task) in state.running.items():
-            heads.setdefault(rank, (task_id, task))
-        for rank, (task_id, task) in heads.items():
-            began = max(sent[task_id], heard.get(rank, 0.0))
-            if task.time_limit is None or now <= began + task.time_limit + grace:
+        grace has stopped answering (its supervisor would have reported the timeout): its tasks end as LOST.
+        Only tasks whose earliest such time has come are looked at (`watch`), not every running task: at
+        whole-machine scale a scan of all of them each second took more of the master than dispatch did."""
+        while watch and watch[0][0] < now:
+            _, task_id = heapq.heappop(watch)
+            if task_id not in state.running:
                 continue
-            held = [i for i, (r, _) in state.running.items() if r == rank]
+            rank, task = state.running[task_id]
+            began = max(sent[task_id], heard.get(rank, 0.0)) if order[rank][0] == task_id else now
+            if now <= began + task.time_limit + grace:  # started late, or not yet: look again when it may be due
+                heapq.heappush(watch, (began + task.time_limit + grace, task_id))
+                continue
+            held = list(order[rank])
             log.warning("worker rank %d on %s stopped answering (task %d is %.0f s past its time limit of %g s): "
                         "giving up its %d task(s); it gets no more work", rank, state.hosts.get(rank, "?"), task_id,
                         now - began - task.time_limit, task.time_limit, len(held))
@@ -208,6 +217,7 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                     if entry is None:  # a duplicate, or late from a lost rank: the task is already recorded
                         continue
                     sent.pop(obj.id, None)
+                    order[entry[0]].remove(obj.id)
                     heard[obj.rank] = time.time()
                     seconds = max(0.0, obj.ended - obj.started)
                     state.busy_seconds += seconds
@@ -252,6 +262,9 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                 if task is None:
                     break
                 state.running[task.id], sent[task.id] = (rank, task), time.time()
+                order[rank].append(task.id)
+                if task.time_limit is not None:
+                    heapq.heappush(watch, (sent[task.id] + task.time_limit + grace, task.id))
                 slots.change(rank, 1)
                 send(task, rank)
                 event = True
@@ -269,6 +282,7 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
         for rank in stopped:
             send(Stop(), rank)
     _read_until_stopped(comm, stopped)
+    state.ended = True
     source.on_tick(state)
     return state
 

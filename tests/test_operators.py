@@ -159,3 +159,27 @@ def test_toolbox_and_deap_creator_guard():
     ind = operators.Individual([1, 2])
     ind.fitness.values = (1.0,)
     assert ind.fitness.weights == (1.0,)
+
+
+def test_crossover_draws_as_deap_does():
+    """crossover cuts each section as DEAP's cxMessyOnePoint does on the global generator set to the same state:
+    the same children, and the generator left in the same state."""
+    from deap import tools
+
+    for problem in PROBLEMS:
+        pop = _population(problem, 40, seed=3)
+        for i in range(200):
+            a, b, seed = pop[i % 40], pop[(7 * i + 1) % 40], 1000 + i
+            ours, rng = crossover(a, b, random.Random(seed)), random.Random(seed)
+            saved = random.getstate()
+            random.setstate(rng.getstate())
+            try:
+                (sa, da), (sb, db) = a.sections(), b.sections()
+                spatial, _ = tools.cxMessyOnePoint(list(sa), list(sb))
+                dense, _ = tools.cxMessyOnePoint(list(da), list(db))
+                rng.setstate(random.getstate())
+            finally:
+                random.setstate(saved)
+            theirs = {name: getattr(a if rng.random() < 0.5 else b, name)
+                      for name in ("optimizer", "lr", "batch_size", "weight_decay", "head")}
+            assert ours == Genome(layers=tuple(spatial) + tuple(dense), **theirs)

@@ -244,11 +244,11 @@ def test_a_live_run_refuses_a_second_job(shapes_file, tmp_path):
     first = start(out, shapes_file, "--evaluations", 60, *SLOW)
     try:
         wait_for_lines(out, 2, first)
-        t0 = time.time()
         second = galapagos("evolve", "--data", shapes_file, "--out", out, "--evaluations", 60, "--resume",
                            timeout=120)
+        # refused while the first still runs: it did not wait for the first to end
         assert first.poll() is None, "the first run ended before the second was checked"
-        assert second.returncode == 2 and time.time() - t0 < 30, second.stderr
+        assert second.returncode == 2, second.stderr
         assert f"{out} is in use by a live run (host {socket.gethostname()}, pid " in second.stderr
         assert "wait for it to end or use another --out" in second.stderr
         under_mpi = run_mpi(2, ["-m", "galapagos.cli", "evolve", "--data", shapes_file, "--out", out,
