@@ -98,20 +98,26 @@ def worker_main(comm: Any) -> int:
     # A launcher ends a job with SIGTERM: exit through `finally`, so the shared segment is released.
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     remove_stale()
-    node = node_comm(comm)
-    try:
-        placement = _placement(comm, node)
-        shared = share(comm, node)
-    except DataShareError:
-        return EXIT_BAD_INPUT  # every rank has the same error; the master reports it
-    finally:
-        node.Free()
     log_path = None
     if setup.log_dir:
         Path(setup.log_dir).mkdir(parents=True, exist_ok=True)
         log_path = Path(setup.log_dir) / f"trainer-{comm.rank}.log"
-    supervisor = Supervisor(comm.rank, setup.task_fn, data=shared.descriptor(),
-                            cores=list(placement.cores), device=placement.device, log_path=log_path)
+    node = node_comm(comm)
+    try:
+        placement = _placement(comm, node)
+        supervisor = Supervisor(comm.rank, setup.task_fn, cores=list(placement.cores), device=placement.device,
+                                log_path=log_path)
+        supervisor.start()  # the trainer child imports its task function while the data is shared
+        try:
+            shared = share(comm, node)
+        except BaseException:
+            supervisor.stop()
+            raise
+    except DataShareError:
+        return EXIT_BAD_INPUT  # every rank has the same error; the master reports it
+    finally:
+        node.Free()
+    supervisor.attach(shared.descriptor())
     log.debug("worker %d on %s: %s, cores %s", comm.rank, socket.gethostname(), placement.device, placement.cores)
     try:
         worker_serve(comm, supervisor, placement.device)

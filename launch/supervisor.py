@@ -1,6 +1,7 @@
 """The worker side of a task: runs it in a trainer child and turns every way it can end into a Result."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -37,9 +38,9 @@ class Supervisor:
         threads = threads or (core_count(cores) if cores else 1)
         self.setup = TrainerSetup(rank, task_fn, data, tuple(cores) if cores else None, device, threads)
         self.log_path = log_path
-        self._data_fds = [data["fd"]] if data and data.get("fd") is not None else []  # the shared copy, inherited
         self.proc: subprocess.Popen | None = None
         self.conn = None
+        self.ready = False  # the child has its setup and said TrainerReady
         self.queue: deque[Task] = deque()
         self.current: Task | None = None
         self.started = 0.0
@@ -47,21 +48,46 @@ class Supervisor:
         self.cancel_status: str | None = None
 
     # -- the child -------------------------------------------------------------------------------------------
-    def _spawn(self) -> None:
-        parent, child = Pipe()
+    def start(self) -> None:
+        """Start the child now: it imports its task function (torch, for Galapagos's own) while this rank goes on
+        (sharing the data); its setup goes with the first task, with the data given by attach(). Without this,
+        the first task starts it."""
+        if self.proc is None:
+            self._launch()
+
+    def attach(self, data: dict | None) -> None:
+        """The shared data's descriptor (datashare.share.Shared.descriptor) for the child's setup."""
+        self.setup = dataclasses.replace(self.setup, data=data)
+
+    def _launch(self) -> None:
+        parent, child = Pipe()  # a Unix socket pair: the shared data's descriptor goes through it (_handshake)
         env = {k: v for k, v in os.environ.items() if not k.startswith(_MPI_ENV_PREFIXES)}
         env.setdefault("OMP_NUM_THREADS", str(self.setup.threads))
         out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "launch.trainer", str(child.fileno())],
-                                         pass_fds=[child.fileno(), *self._data_fds], env=env, stdout=out, stderr=out,
-                                         start_new_session=True)
+            self.proc = subprocess.Popen([sys.executable, "-m", "launch.trainer", str(child.fileno()),
+                                          self.setup.task_fn], pass_fds=[child.fileno()], env=env, stdout=out,
+                                         stderr=out, start_new_session=True)
         finally:
             child.close()
             if out is not subprocess.DEVNULL:
                 out.close()
         self.conn = parent
+
+    def _spawn(self) -> None:
+        if self.proc is None:
+            self._launch()
+        self._handshake()
+
+    def _handshake(self) -> None:
+        """The setup to the child, and the shared copy's file descriptor with it (SCM_RIGHTS: it may be open
+        nowhere else by now, https://docs.python.org/3/library/socket.html#socket.send_fds); then its answer."""
+        parent = self.conn
         parent.send(self.setup)
+        fd = (self.setup.data or {}).get("fd")
+        if fd is not None:
+            with socket.socket(fileno=os.dup(parent.fileno())) as sock:
+                socket.send_fds(sock, [b"\0"], [fd])
         if not parent.poll(START_TIMEOUT):
             self._kill()
             raise RuntimeError(f"trainer child on rank {self.rank} did not start within {START_TIMEOUT:.0f} s")
@@ -76,6 +102,7 @@ class Supervisor:
             self._kill()
             why = reply.reason if isinstance(reply, TrainerFailed) else f"unexpected {reply!r}"
             raise RuntimeError(f"trainer child on rank {self.rank} could not start: {why}")
+        self.ready = True
 
     def _kill(self) -> int | None:
         code = None
@@ -87,7 +114,7 @@ class Supervisor:
             code = self.proc.wait()
         if self.conn is not None:
             self.conn.close()
-        self.proc, self.conn = None, None
+        self.proc, self.conn, self.ready = None, None, False
         return code
 
     def alive(self) -> bool:
@@ -122,9 +149,10 @@ class Supervisor:
         while self.current is None and self.queue:
             task = self.queue.popleft()
             now = time.time()
-            if not self.alive():
+            if not (self.ready and self.alive()):
                 try:
-                    self._kill()
+                    if not self.alive():
+                        self._kill()
                     self._spawn()
                 except RuntimeError as exc:
                     events.append(self._result(task, Status.FAILED, None, now, time.time(), {}, str(exc)))

@@ -10,6 +10,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 import traceback
 import warnings
@@ -122,10 +123,34 @@ def die_with_parent(signum: int = signal.SIGKILL) -> None:
         pass
 
 
-def main(fd: int) -> None:
+def _preload(task_fn: str | None) -> Callable | BaseException | None:
+    """The task function, imported before the setup comes (with torch, for Galapagos's own: seconds, spent while
+    the worker rank shares the data), or what importing it raised (reported once the setup has come)."""
+    if not task_fn:
+        return None
+    try:
+        return load_function(task_fn, "task function")
+    except BaseException as exc:  # noqa: BLE001 - said to the supervisor after the setup, as any failure
+        return exc
+
+
+def _received_fd(fd: int) -> int:
+    """The shared copy's file descriptor, sent after the setup over the pipe (a Unix socket pair)."""
+    with socket.socket(fileno=os.dup(fd)) as sock:
+        _, fds, _, _ = socket.recv_fds(sock, 1, 1)
+    if not fds:
+        raise RuntimeError("the shared data's file descriptor did not come with the setup")
+    return fds[0]
+
+
+def main(fd: int, task_fn: str | None = None) -> None:
     die_with_parent()
     conn = Connection(fd)
-    setup: TrainerSetup = conn.recv()
+    preloaded = _preload(task_fn)
+    setup: TrainerSetup | Stop = conn.recv()
+    if isinstance(setup, Stop):  # started ahead (Supervisor.start), and the job ended before it had a task
+        return
+    received = _received_fd(fd) if setup.data and setup.data.get("fd") is not None else None
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s trainer[rank {setup.rank}] %(levelname)s %(name)s: %(message)s")
     warnings.filterwarnings("ignore", message=".*non-writable.*")  # shared data is mapped read-only on purpose
@@ -135,8 +160,13 @@ def main(fd: int) -> None:
         if setup.data:
             from datashare.share import open_shared
 
-            shared, data = open_shared(setup.data)
-        fn = load_function(setup.task_fn, "task function")
+            shared, data = open_shared(setup.data if received is None else {**setup.data, "fd": received})
+        if received is not None:
+            os.close(received)  # mapped (open_shared keeps its own descriptor)
+        if isinstance(preloaded, BaseException):
+            raise preloaded
+        fn = preloaded if preloaded is not None and task_fn == setup.task_fn else load_function(setup.task_fn,
+                                                                                                 "task function")
         _setup_cpu(setup.cores, setup.threads)
     except BaseException as exc:  # noqa: BLE001 - tell the supervisor why, then die
         conn.send(TrainerFailed(f"{type(exc).__name__}: {exc}"))
@@ -154,4 +184,4 @@ def main(fd: int) -> None:
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]))
+    main(int(sys.argv[1]), *sys.argv[2:3])
