@@ -155,7 +155,8 @@ def cmd_data(args) -> int:
         show(fmt.describe(api.check_data(args.file, values=False)))
     else:
         info = api.import_data(args.file, args.out, task=args.task, num_classes=args.num_classes, name=args.name,
-                               overwrite=args.force, channels_last=args.channels_last, relabel=args.relabel)
+                               overwrite=args.force, channels_last=args.channels_last, relabel=args.relabel,
+                               ignore_index=args.ignore_index)
         show(f"wrote {args.out}", fmt.describe(info))
     return 0
 
