@@ -82,10 +82,11 @@ def first_error(comm: Any, error: BaseException | None) -> BaseException | None:
 
 
 def member_output(model: torch.nn.Module, x: np.ndarray, task: str, device: str | torch.device = "cpu") -> np.ndarray:
-    """One member on one batch: class probabilities (B, K) or regression outputs (B, T), float32."""
+    """One member on one batch: class probabilities (B, K) or regression outputs (B, T), float32 (per pixel for the
+    dense tasks: (B, K, *spatial), (B, T, *spatial))."""
     with torch.inference_mode():
         out = model(torch.from_numpy(np.ascontiguousarray(x)).to(device)).float()
-        return (out.softmax(1) if task == "classification" else out).cpu().numpy()
+        return (out.softmax(1) if task in ("classification", "segmentation") else out).cpu().numpy()
 
 
 def _entropy(p: np.ndarray) -> np.ndarray:

@@ -14,7 +14,7 @@ import torch
 
 from datashare.format import DataError, DatasetInfo, load
 from ensemble.average import Averaged, assigned, average, first_error, member_output
-from ensemble.metrics import classification_metrics, regression_metrics
+from ensemble.metrics import classification_metrics, field_metrics, regression_metrics, segmentation_metrics
 from ensemble.store import EnsembleError, Manifest, is_ensemble, load_manifest, member_dir
 from evolve.genome import Genome
 from evolve.netdir import ModelError, NetworkDir
@@ -65,10 +65,16 @@ def read_split(data: str | Path, split: str, problem: Problem) -> tuple[DatasetI
 
 
 def score(task: str, out: np.ndarray, y: np.ndarray, info: DatasetInfo) -> dict:
-    """Accuracy, NLL and ECE of class probabilities; MSE, MAE and R^2 per target of regression outputs."""
+    """Accuracy, NLL and ECE of class probabilities; MSE, MAE and R^2 per target of regression outputs; mean and
+    per-class IoU, pixel accuracy and NLL per pixel of segmentation; MSE, MAE and R^2 per target of fields."""
+    names = list(info.target_names) if info.target_names else None
     if task == "classification":
         return classification_metrics(out, y)
-    return regression_metrics(out, y, list(info.target_names) if info.target_names else None)
+    if task == "segmentation":
+        return segmentation_metrics(out, y, info.ignore_index, names)
+    if task == "field":
+        return field_metrics(out, y, names)
+    return regression_metrics(out, y, names)
 
 
 def predict(model_path: str | Path, data: str | Path, split: str = "test", *, save: str | Path | None = None,
@@ -80,7 +86,10 @@ def predict(model_path: str | Path, data: str | Path, split: str = "test", *, sa
     metrics = score(problem.task, out, y, info)
     if save:
         with h5py.File(save, "w") as f:
-            f.create_dataset("probabilities" if problem.task == "classification" else "predictions", data=out)
+            f.create_dataset("probabilities" if problem.task in ("classification", "segmentation") else "predictions",
+                             data=out)
+            if problem.task == "segmentation":  # the map itself: the most probable class per pixel
+                f.create_dataset("labels", data=out.argmax(1).astype(np.int64))
             f.create_dataset("y", data=y)
             f.attrs["model"] = str(model_dir(model_path).path)
             f.attrs["data"], f.attrs["split"] = str(data), split
