@@ -193,10 +193,11 @@ def predict_ensemble(root: str | Path, data: str | Path, split: str = "test", *,
 
 def _uncertainty(avg: Averaged, info: DatasetInfo) -> dict:
     """Means over the samples: entropy and mutual information (classes), between-member std (regression)."""
-    if avg.task == "classification":
+    if avg.task in ("classification", "segmentation"):  # means over samples (and pixels)
         return {"entropy": float(avg.entropy.mean()) if len(avg.entropy) else float("nan"),
                 "mutual_information": float(avg.mutual_information.mean()) if len(avg.entropy) else float("nan")}
-    per = avg.std.mean(0) if len(avg.std) else np.full(avg.std.shape[1], np.nan)
+    std = avg.std.reshape(len(avg.std), avg.std.shape[1], -1)  # (N, T, pixels); one pixel for regression
+    per = std.mean((0, 2)) if len(std) else np.full(std.shape[1], np.nan)
     names = list(info.target_names) if info.target_names else [f"target_{i}" for i in range(len(per))]
     return {"std": float(per.mean()), "per_target": {n: {"std": float(v)} for n, v in zip(names, per)}}
 
@@ -204,9 +205,11 @@ def _uncertainty(avg: Averaged, info: DatasetInfo) -> dict:
 def _save(path: str | Path, avg: Averaged, y: np.ndarray, info: DatasetInfo, *, root, data, split, names,
           weights) -> None:
     """Predictions and uncertainties per sample, each member's outputs, the truth, and where they came from."""
-    classes = avg.task == "classification"
+    classes = avg.task in ("classification", "segmentation")
     with h5py.File(path, "w") as f:
         f.create_dataset("probabilities" if classes else "predictions", data=avg.mean)
+        if avg.task == "segmentation":
+            f.create_dataset("labels", data=avg.mean.argmax(1).astype(np.int64))
         if classes:
             f.create_dataset("entropy", data=avg.entropy)
             f.create_dataset("mutual_information", data=avg.mutual_information)
@@ -293,7 +296,7 @@ class Ensemble(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         outs = [m(x).float() for m in self.members]
-        if self.task == "classification":
+        if self.task in ("classification", "segmentation"):
             outs = [o.softmax(1) for o in outs]
         return sum(w * o for w, o in zip(self.weights, outs))
 

@@ -145,3 +145,27 @@ def test_field_trains_and_predicts_in_target_units() -> None:
     model.load_state_dict(state)
     with torch.no_grad():
         assert model.eval()(x[96:]).mean((0, 2, 3, 4))[0].item() == pytest.approx(100, abs=1)
+
+
+def test_ensemble_average_per_pixel_in_one_process() -> None:
+    from ensemble.average import average, member_output
+    from ensemble.selection import pixel_samples
+
+    seg, field = Problem((1, 6, 5), "segmentation", 3), Problem((1, 6, 5), "field", 2)
+    x = np.random.default_rng(0).normal(size=(7, 1, 6, 5)).astype(np.float32)
+    for problem in (seg, field):
+        torch.manual_seed(0)
+        models = [build_model(genome([CONV, POOL]), problem).eval() for _ in range(2)]
+        outs = [member_output(m, x, problem.task) for m in models]
+        avg = average(None, list(enumerate(models)), [0.25, 0.75], x, problem.task, problem.num_outputs, batch=3)
+        assert avg.mean.shape == (7, problem.num_outputs, 6, 5) and avg.members.shape == (2, 7, problem.num_outputs,
+                                                                                          6, 5)
+        assert np.allclose(avg.mean, 0.25 * outs[0] + 0.75 * outs[1], atol=1e-6)
+        if problem is seg:  # probabilities per pixel, and their entropy per pixel
+            assert np.allclose(avg.mean.sum(1), 1) and avg.entropy.shape == avg.mutual_information.shape == (7, 6, 5)
+        else:
+            assert avg.std.shape == (7, 2, 6, 5) and (avg.std > 0).any()
+    y = np.zeros((7, 6, 5), np.int64)
+    y[:, 0] = 255
+    p, t, task = pixel_samples(outs, y, "segmentation", 255)  # outs: the field members' (2, 7, 2, 6, 5)
+    assert p.shape == (2, 7 * 5 * 5, 2) and t.shape == (7 * 5 * 5,) and task == "classification"

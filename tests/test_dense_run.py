@@ -66,6 +66,17 @@ def test_segmentation_evolves_predicts_and_reports(seg_file, tmp_path, workers) 
         assert f["probabilities"].shape == (36, 7, 12, 12) and f["labels"].shape == f["y"].shape == (36, 12, 12)
     report = galapagos("report", out)
     assert report.returncode == 0 and "best on val: mean IoU" in report.stdout, report.stderr
+    if workers == 3:  # an ensemble of two networks: per-pixel probabilities averaged over 2 ranks
+        ens = galapagos("ensemble", "--from", out, "--data", seg_file, "--out", tmp_path / "ens", "--members", 2,
+                        "--workers", 2, "--set", "train.epochs=2", timeout=240)
+        assert ens.returncode == 0 and "ensemble             miou" in ens.stdout, ens.stderr
+        pred = galapagos("predict", "--model", tmp_path / "ens", "--data", seg_file, "--json", "--ranks", 2,
+                         "--save", tmp_path / "e.h5", timeout=240)
+        assert pred.returncode == 0, pred.stderr
+        scores = json.loads(pred.stdout)
+        assert {"miou", "per_class", "uncertainty", "members"} <= set(scores) and scores["ranks"] >= 1
+        with h5py.File(tmp_path / "e.h5") as f:
+            assert f["probabilities"].shape == (36, 7, 12, 12) and f["entropy"].shape == (36, 12, 12)
 
 
 @pytest.mark.parametrize("workers", [1, 3])
