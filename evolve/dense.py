@@ -93,9 +93,9 @@ def segmentation_loss(kind: str, counts: torch.Tensor, ignore_index: int | None)
 
 def _dice(out: torch.Tensor, y: torch.Tensor, ignore_index: int | None, eps: float = 1.0) -> torch.Tensor:
     """1 - mean over classes of 2|P∩Y| / (|P| + |Y|), with soft P (softmax) and unlabelled pixels left out."""
-    valid = torch.ones_like(y, dtype=torch.bool) if ignore_index is None else y != ignore_index
-    prob = out.softmax(1) * valid.unsqueeze(1)
-    onehot = F.one_hot(torch.where(valid, y, 0), out.shape[1]).movedim(-1, 1) * valid.unsqueeze(1)
+    valid = (torch.ones_like(y, dtype=torch.bool) if ignore_index is None else y != ignore_index).unsqueeze(1)
+    prob = out.softmax(1) * valid
+    onehot = torch.zeros_like(prob).scatter_(1, torch.where(valid, y.unsqueeze(1), 0), 1.0) * valid
     axes = (0, *range(2, out.dim()))
     inter = (prob * onehot).sum(axes)
     return 1 - ((2 * inter + eps) / (prob.sum(axes) + onehot.sum(axes) + eps)).mean()

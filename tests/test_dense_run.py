@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 import h5py
+import numpy as np
 import pytest
+import torch
 
 from datashare.format import validate
 from examples import cosmoflow_field, shapes_seg
@@ -66,6 +68,12 @@ def test_segmentation_evolves_predicts_and_reports(seg_file, tmp_path, workers) 
         assert f["probabilities"].shape == (36, 7, 12, 12) and f["labels"].shape == f["y"].shape == (36, 12, 12)
     report = galapagos("report", out)
     assert report.returncode == 0 and "best on val: mean IoU" in report.stdout, report.stderr
+    if workers == 1:  # the exported file gives the same per-pixel probabilities
+        exp = galapagos("export", "--model", out, "--format", "torchscript", "--out", tmp_path / "net.pt")
+        assert exp.returncode == 0 and "probabilities (N, 7, 12, 12)" in exp.stdout, exp.stderr
+        with h5py.File(tmp_path / "p.h5") as f, h5py.File(seg_file) as d, torch.no_grad():
+            got = torch.jit.load(str(tmp_path / "net.pt"))(torch.from_numpy(d["test/x"][:4])).numpy()
+            assert np.allclose(got, f["probabilities"][:4], atol=1e-5)
     if workers == 3:  # an ensemble of two networks: per-pixel probabilities averaged over 2 ranks
         ens = galapagos("ensemble", "--from", out, "--data", seg_file, "--out", tmp_path / "ens", "--members", 2,
                         "--workers", 2, "--set", "train.epochs=2", timeout=240)
