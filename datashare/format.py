@@ -14,31 +14,26 @@ import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable
 
 import h5py
 import numpy as np
 
 from .carve import carve_val
+from .rules import (CLASS_TASKS, DENSE_TASKS, TASKS, X_DTYPES, DataError, check_dense_y,
+                    check_ignore_index, check_task, check_x, check_y, data_error, dtype_name, shape_str, y_dtype)
 
 log = logging.getLogger(__name__)
 
 __all__ = ["DataError", "DatasetInfo", "SPLITS", "TASKS", "X_DTYPES", "inspect", "check_values", "load", "validate",
            "describe", "data_error", "dtype_name", "shape_str", "check_x", "check_y", "check_task", "open_file",
-           "split_datasets", "inspect_file", "y_dtype"]
+           "split_datasets", "inspect_file", "y_dtype", "CLASS_TASKS", "DENSE_TASKS", "check_dense_y",
+           "check_ignore_index"]
 
 SPLITS = ("train", "val", "test")
-TASKS = ("classification", "regression")
-#: allowed input dtypes (numpy names); anything else must be converted by the user (e.g. with write.import_npz)
-X_DTYPES = ("float32", "float16", "uint8")
-MAX_SPATIAL_DIMS = 3
 FORMAT_VERSION = 1
 #: bytes of x (or y) looked at per step when checking values, so big splits need no big temporaries
 CHECK_CHUNK_BYTES = 16 << 20
-
-
-class DataError(ValueError):
-    """A dataset file (or array about to become one) that breaks the format; the message is one line."""
 
 
 @dataclass(frozen=True)
@@ -58,11 +53,24 @@ class DatasetInfo:
     target_names: tuple[str, ...] | None = None
     #: set by load() when val was carved from train (splits then gives the sizes load returned)
     val_from_train: bool = False
+    #: segmentation only: the label of unlabelled pixels (outside [0, num_classes)), or None
+    ignore_index: int | None = None
 
     @property
     def output_size(self) -> int:
-        """Width of a network's output layer: classes for classification, targets for regression."""
+        """Width of a network's output layer (channels per pixel for the dense tasks): classes, or targets."""
         return self.num_targets
+
+    @property
+    def is_dense(self) -> bool:
+        """True for segmentation and field data: an output per pixel/voxel."""
+        return self.task in DENSE_TASKS
+
+    @property
+    def y_sample_shape(self) -> tuple[int, ...]:
+        """One sample's y: () a label, (T,) targets, (*spatial) labels per pixel, (T, *spatial) target fields."""
+        return {"classification": (), "regression": (self.num_targets,), "segmentation": self.sample_shape[1:],
+                "field": (self.num_targets, *self.sample_shape[1:])}[self.task]
 
     @property
     def is_classification(self) -> bool:
@@ -83,85 +91,6 @@ class DatasetInfo:
         """Values per sample (what a flattening first layer sees)."""
         return math.prod(self.sample_shape)
 
-
-# ----------------------------------------------------------------------------------------------------------------
-# shape / dtype rules shared by the reader (h5py datasets) and the writer (numpy arrays)
-
-
-def data_error(fname: str, where: str, what: str) -> DataError:
-    """The one-line error for a problem ``what`` at ``where`` (a dataset path, or an .npz key) of file ``fname``."""
-    return DataError(f"{fname}: {where}: {what}")
-
-
-def dtype_name(dt: np.dtype) -> str:
-    """Byte-order free name ('float32', 'int64', ...); h5py may report big-endian dtypes."""
-    dt = np.dtype(dt)
-    if dt.fields is not None or dt.kind in "OSUV":
-        return str(dt)
-    return dt.newbyteorder("=").name
-
-
-def shape_str(shape: Sequence[int]) -> str:
-    """A shape as Python writes a tuple: ``(3,)``, ``(2, 5)``."""
-    return "(" + ", ".join(str(int(s)) for s in shape) + ("," if len(shape) == 1 else "") + ")"
-
-
-def check_x(fname: str, split: str, shape: tuple[int, ...], dtype: np.dtype) -> tuple[tuple[int, ...], int]:
-    """Check an x shape/dtype; return (sample_shape, spatial_dims)."""
-    where = f"/{split}/x"
-    name = dtype_name(dtype)
-    if name not in X_DTYPES:
-        raise data_error(fname, where, f"expected dtype float32, float16 or uint8, got {name} {shape_str(shape)}"
-                    + ("; convert it to float32" if np.dtype(dtype).kind in "fiub" else ""))
-    if len(shape) < 2:
-        raise data_error(fname, where, f"expected shape (N, F) or (N, C, *spatial), got {shape_str(shape)}")
-    spatial = len(shape) - 2
-    if spatial > MAX_SPATIAL_DIMS:
-        raise data_error(fname, where, f"expected at most {MAX_SPATIAL_DIMS} spatial dims in (N, C, *spatial), "
-                                  f"got shape {shape_str(shape)} ({spatial} spatial dims)")
-    sample = tuple(int(s) for s in shape[1:])
-    if any(s == 0 for s in sample):
-        raise data_error(fname, where, f"empty sample shape in {shape_str(shape)}")
-    return sample, spatial
-
-
-def check_y(fname: str, split: str, shape: tuple[int, ...], dtype: np.dtype, task: str) -> int | None:
-    """Check a y shape/dtype; return the number of regression targets (None for classification)."""
-    where = f"/{split}/y"
-    dt = np.dtype(dtype)
-    got = f"{dtype_name(dt)} {shape_str(shape)}"
-    if task == "classification":
-        # int64 is the format; other integer widths are read and widened to int64 by load()
-        if dt.kind not in "iu" or len(shape) != 1:
-            raise data_error(fname, where, f"expected int64 class labels of shape (N,), got {got}")
-        return None
-    if dt.kind != "f" or len(shape) != 2:
-        hint = "; store a single target as shape (N, 1)" if len(shape) == 1 and dt.kind == "f" else ""
-        raise data_error(fname, where, f"expected float32 regression targets of shape (N, T), got {got}{hint}")
-    if shape[1] < 1:
-        raise data_error(fname, where, f"expected at least one regression target, got {got}")
-    return int(shape[1])
-
-
-def check_task(fname: str, task: object, num_classes: object) -> tuple[str, int | None]:
-    """Check the root attributes ``task`` and ``num_classes``; return them (num_classes None for regression)."""
-    if task is None:
-        raise data_error(fname, "/", f"missing root attribute 'task' (one of {', '.join(TASKS)})")
-    if isinstance(task, bytes):
-        task = task.decode("utf-8", "replace")
-    if not isinstance(task, str) or task not in TASKS:
-        raise data_error(fname, "/", f"attribute 'task' must be one of {', '.join(TASKS)}, got {task!r}")
-    if task == "regression":
-        return task, None
-    if num_classes is None:
-        raise data_error(fname, "/", "attribute 'num_classes' is required for classification")
-    arr = np.asarray(num_classes)
-    if arr.size != 1 or arr.dtype.kind not in "iuf" or not float(arr.reshape(-1)[0]).is_integer():
-        raise data_error(fname, "/", f"attribute 'num_classes' must be an integer, got {num_classes!r}")
-    n = int(arr.reshape(-1)[0])
-    if n < 2:
-        raise data_error(fname, "/", f"attribute 'num_classes' must be at least 2, got {n}")
-    return task, n
 
 
 def _text_attr(value: object) -> str | None:
@@ -242,6 +171,7 @@ def inspect_file(f: h5py.File, fname: str) -> DatasetInfo:
         x, y = split_datasets(f, fname, split)
         sample, spatial = check_x(fname, split, x.shape, x.dtype)
         targets = check_y(fname, split, y.shape, y.dtype, task)
+        check_dense_y(fname, split, x.shape, y.shape, task)
         n = int(x.shape[0])
         if int(y.shape[0]) != n:
             raise data_error(fname, f"/{split}/y", f"has {y.shape[0]} samples but /{split}/x has {n}")
@@ -262,7 +192,7 @@ def inspect_file(f: h5py.File, fname: str) -> DatasetInfo:
         splits[split] = n
     assert ref is not None
     _, sample_shape, x_dtype, targets = ref
-    num_targets = num_classes if task == "classification" else targets
+    num_targets = num_classes if task in CLASS_TASKS else targets
     assert num_targets is not None
     return DatasetInfo(
         path=fname,
@@ -276,6 +206,7 @@ def inspect_file(f: h5py.File, fname: str) -> DatasetInfo:
         name=_text_attr(f.attrs.get("name")),
         description=_text_attr(f.attrs.get("description")),
         target_names=_names_attr(fname, f.attrs.get("target_names"), int(num_targets)),
+        ignore_index=check_ignore_index(fname, task, num_classes, f.attrs.get("ignore_index")),
     )
 
 
@@ -322,9 +253,18 @@ def check_values(info: DatasetInfo, split: str, x: np.ndarray | None, y: np.ndar
         step = _rows_per_chunk(max(1, y[0].nbytes), chunk_bytes=chunk_bytes)
         for a in range(0, len(y), step):
             block = y[a:a + step]
-            if info.task == "classification":
+            if info.task in CLASS_TASKS:
                 assert info.num_classes is not None
-                bad = _first_bad_row((block < 0) | (block >= info.num_classes))
+                outside = (block < 0) | (block >= info.num_classes)
+                if info.ignore_index is not None:
+                    outside &= block != info.ignore_index
+                bad = _first_bad_row(outside)
+                if bad is not None and info.task == "segmentation":
+                    at = tuple(int(i) for i in np.argwhere(outside[bad])[0])
+                    raise data_error(fname, f"/{split}/y", f"label {int(block[bad][at])} at pixel {at} of sample "
+                                     f"{offset + a + bad} is outside [0, {info.num_classes})"
+                                     + ("" if info.ignore_index is None else f" and not ignore_index "
+                                        f"{info.ignore_index}"))
                 if bad is not None:
                     raise data_error(fname, f"/{split}/y", f"label {int(block[bad])} of sample {offset + a + bad} "
                                                       f"is outside [0, {info.num_classes})")
@@ -332,11 +272,6 @@ def check_values(info: DatasetInfo, split: str, x: np.ndarray | None, y: np.ndar
                 bad = _first_bad_row(~np.isfinite(block))
                 if bad is not None:
                     raise data_error(fname, f"/{split}/y", f"non-finite target in sample {offset + a + bad}")
-
-
-def y_dtype(task: str) -> np.dtype:
-    """The dtype of y in memory for a task: int64 class labels or float32 regression targets."""
-    return np.dtype(np.int64) if task == "classification" else np.dtype(np.float32)
 
 
 def _read(ds: h5py.Dataset, dtype: np.dtype) -> np.ndarray:
@@ -361,7 +296,8 @@ def validate(path: str | os.PathLike, *, chunk_bytes: int = CHECK_CHUNK_BYTES) -
             for a in range(0, len(x) if xdt.kind == "f" else 0, step):  # uint8 has no bad values
                 b = min(len(x), a + step)
                 check_values(info, split, x[a:b].astype(xdt, copy=False), None, offset=a, chunk_bytes=chunk_bytes)
-            step = _rows_per_chunk(max(1, info.num_targets * 8), y.chunks[0] if y.chunks else None, chunk_bytes)
+            y_bytes = info.num_targets * 8 if not info.is_dense else math.prod(info.y_sample_shape) * 8
+            step = _rows_per_chunk(max(1, y_bytes), y.chunks[0] if y.chunks else None, chunk_bytes)
             for a in range(0, len(y), step):
                 b = min(len(y), a + step)
                 check_values(info, split, None, y[a:b].astype(ydt, copy=False), offset=a, chunk_bytes=chunk_bytes)
@@ -413,13 +349,16 @@ def describe(info: DatasetInfo) -> str:
     lines = [f"{info.path}: {info.name or '(unnamed)'}"]
     if info.description:
         lines.append(f"  description: {info.description}")
-    if info.task == "classification":
-        what = f"classification, {info.num_classes} classes"
+    if info.task in CLASS_TASKS:
+        what = f"{info.task}, {info.num_classes} classes" + (" per pixel" if info.is_dense else "")
+        if info.ignore_index is not None:
+            what += f", label {info.ignore_index} ignored"
     else:
-        what = f"regression, {info.num_targets} target{'s' if info.num_targets != 1 else ''}"
+        what = f"{info.task}, {info.num_targets} target{'s' if info.num_targets != 1 else ''}" + (
+            " per pixel" if info.is_dense else "")
     lines.append(f"  task:        {what}")
     if info.target_names:
-        label = "classes" if info.task == "classification" else "targets"
+        label = "classes" if info.task in CLASS_TASKS else "targets"
         lines.append(f"  {label + ':':12} {', '.join(info.target_names)}")
     kind = "tabular (N, F)" if info.spatial_dims == 0 else f"{info.spatial_dims}-D, {info.in_channels} channel(s)"
     lines.append(f"  sample:      {shape_str(info.sample_shape)} {info.x_dtype}, {kind}")

@@ -137,7 +137,7 @@ def dataset_plan(path: str, splits: Iterable[str] = ("train", "val"), *, val_fra
     reads = [s for s in info.splits if s in wanted or (carve and s == "train")]
     sources, memory, sizes = [], {}, {}
     x_dtype = np.dtype(info.x_dtype)
-    targets = (info.num_targets,) if info.task == "regression" else ()
+    targets = info.y_sample_shape  # () labels, (T,) targets, or a label or T targets per pixel
     with open_file(path) as f:
         for split in reads:
             n = info.splits[split]

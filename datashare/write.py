@@ -18,8 +18,9 @@ import h5py
 import numpy as np
 
 from . import mistakes
-from .format import (FORMAT_VERSION, SPLITS, TASKS, DataError, DatasetInfo, check_task, check_values, check_x,
-                     check_y, data_error, dtype_name, inspect_file, shape_str, validate, y_dtype)
+from .format import (DENSE_TASKS, FORMAT_VERSION, SPLITS, TASKS, DataError, DatasetInfo,
+                     check_dense_y, check_ignore_index, check_task, check_values, check_x, check_y, data_error,
+                     dtype_name, inspect_file, shape_str, validate, y_dtype)
 
 log = logging.getLogger(__name__)
 
@@ -28,17 +29,20 @@ __all__ = ["write_dataset", "import_npz", "split_sizes", "consecutive_splits"]
 
 def write_dataset(out_path: str | os.PathLike, splits: Mapping[str, tuple[np.ndarray, np.ndarray]], *, task: str,
                   num_classes: int | None = None, name: str | None = None, description: str | None = None,
-                  target_names: Sequence[str] | None = None, compression: str | None = None) -> DatasetInfo:
+                  target_names: Sequence[str] | None = None, compression: str | None = None,
+                  ignore_index: int | None = None) -> DatasetInfo:
     """Write arrays in the format, atomically, after checking them (so a bad file never appears on disk).
 
     Labels of any integer dtype are stored as int64 and regression targets of any float dtype as float32;
-    x must already be float32, float16 or uint8. Returns the info of the written file.
+    x must already be float32, float16 or uint8. `ignore_index` (segmentation) marks unlabelled pixels.
+    Returns the info of the written file.
     """
     fname = str(out_path)
     unknown = [s for s in splits if s not in SPLITS]
     if unknown:
         raise data_error(fname, f"/{unknown[0]}", f"unknown split; expected some of {', '.join(SPLITS)}")
     task, num_classes = check_task(fname, task, num_classes)
+    ignore_index = check_ignore_index(fname, task, num_classes, ignore_index)
     if "train" not in splits:
         raise data_error(fname, "/train", "missing group (a dataset needs at least a train split)")
     ydt = y_dtype(task)
@@ -50,6 +54,7 @@ def write_dataset(out_path: str | os.PathLike, splits: Mapping[str, tuple[np.nda
         x, y = (np.asarray(a) for a in splits[split])
         check_x(fname, split, x.shape, x.dtype)
         check_y(fname, split, y.shape, y.dtype, task)
+        check_dense_y(fname, split, x.shape, y.shape, task)
         if len(y) != len(x):
             raise data_error(fname, f"/{split}/y", f"has {len(y)} samples but /{split}/x has {len(x)}")
         if len(x) == 0:
@@ -66,6 +71,8 @@ def write_dataset(out_path: str | os.PathLike, splits: Mapping[str, tuple[np.nda
             f.attrs["format_version"] = FORMAT_VERSION
             if num_classes is not None:
                 f.attrs["num_classes"] = np.int64(num_classes)
+            if ignore_index is not None:
+                f.attrs["ignore_index"] = np.int64(ignore_index)
             if name is not None:
                 f.attrs["name"] = str(name)
             if description is not None:
@@ -118,7 +125,8 @@ def _npz_x(fname: str, key: str, x: np.ndarray) -> np.ndarray:
 def import_npz(npz_path: str | os.PathLike, out_path: str | os.PathLike, *, task: str | None = None,
                num_classes: int | None = None, name: str | None = None, description: str | None = None,
                target_names: Sequence[str] | None = None, overwrite: bool = False,
-               channels_last: bool | None = None, relabel: bool = False) -> DatasetInfo:
+               channels_last: bool | None = None, relabel: bool = False, ignore_index: int | None = None
+               ) -> DatasetInfo:
     """Convert a .npz (x_train, y_train and optional x_val/y_val, x_test/y_test) into the format.
 
     The task is inferred from the labels unless given: integers mean classification with max label + 1
@@ -129,6 +137,8 @@ def import_npz(npz_path: str | os.PathLike, out_path: str | os.PathLike, *, task
     channels-last (`channels_last=True` moves the last axis first, False keeps them as they are), labels that
     start at 1 or skip values (`relabel` maps the distinct labels to 0..K-1; `num_classes` keeps them), and
     hundreds of distinct integer targets when the task was only inferred. A strong class imbalance is a warning.
+    The dense tasks are never inferred: `task="segmentation"` (y (N, *spatial) labels, `ignore_index` for
+    unlabelled pixels) or `task="field"` (y (N, T, *spatial), moved channels-first with x by `channels_last`).
     """
     src = str(npz_path)
     p = Path(src)
@@ -176,7 +186,9 @@ def import_npz(npz_path: str | os.PathLike, out_path: str | os.PathLike, *, task
             x = x.reshape(-1, 1)
         if channels_last and x.ndim >= 3:
             x = np.ascontiguousarray(np.moveaxis(x, -1, 1))
-        if task == "classification":
+        if task in DENSE_TASKS:
+            y = _dense_y(src, f"y_{s}", y, task, bool(channels_last))
+        elif task == "classification":
             if y.ndim == 2 and y.shape[1] == 1:
                 y = y.reshape(-1)
             if y.dtype.kind == "f":
@@ -185,7 +197,9 @@ def import_npz(npz_path: str | os.PathLike, out_path: str | os.PathLike, *, task
             elif y.dtype.kind not in "iub":
                 raise data_error(src, f"y_{s}", f"expected integer class labels, got dtype {y.dtype}")
             if y.ndim != 1:
-                raise data_error(src, f"y_{s}", f"expected class labels of shape (N,), got {shape_str(y.shape)}")
+                hint = "; pass --task segmentation for labels per pixel" if y.shape[1:] == x.shape[2:] else ""
+                raise data_error(src, f"y_{s}", f"expected class labels of shape (N,), got {shape_str(y.shape)}"
+                                                + hint)
             if len(y) and y.min() < 0:
                 first = int(np.flatnonzero(y < 0)[0])
                 raise data_error(src, f"y_{s}", f"negative label {int(y[first])} at sample {first}")
@@ -214,9 +228,27 @@ def import_npz(npz_path: str | os.PathLike, out_path: str | os.PathLike, *, task
         num_classes = max(int(y.max()) for _, y in out.values()) + 1
         if num_classes < 2:
             raise data_error(src, "y_train", "every label is 0; classification needs at least 2 classes")
+    if task == "segmentation" and num_classes is None:
+        labelled = [y[y != ignore_index] if ignore_index is not None else y for _, y in out.values()]
+        num_classes = max(int(y.max()) for y in labelled if y.size) + 1
     write_dataset(out_path, out, task=task, num_classes=num_classes, name=name, description=description,
-                  target_names=target_names)
+                  target_names=target_names, ignore_index=ignore_index)
     return validate(out_path)
+
+
+def _dense_y(src: str, key: str, y: np.ndarray, task: str, channels_last: bool) -> np.ndarray:
+    """Labels per pixel as int64, or target fields as float32 (channels-last fields moved like x)."""
+    if task == "segmentation":
+        if y.dtype.kind == "f" and not np.all(y == np.round(y)):
+            raise data_error(src, key, "segmentation labels must be whole numbers")
+        if y.dtype.kind not in "iubf":
+            raise data_error(src, key, f"expected integer class labels per pixel, got dtype {y.dtype}")
+        return y.astype(np.int64)
+    if y.dtype.kind not in "iubf":
+        raise data_error(src, key, f"expected numeric target fields, got dtype {y.dtype}")
+    if channels_last and y.ndim >= 3:
+        y = np.moveaxis(y, -1, 1)
+    return np.ascontiguousarray(y, dtype=np.float32)
 
 
 def split_sizes(n: int, fractions: Sequence[float] = (0.7, 0.15, 0.15)) -> tuple[int, ...]:

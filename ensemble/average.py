@@ -13,6 +13,9 @@ each member's own outputs (exactly: float32 values summed with zeros), which the
 need; ensembles are small enough (tens of members) that it costs little next to the forward passes, and
 ``per_member=False`` drops it where M x K is large.
 
+For the dense tasks every block has the sample's spatial axes too: (B, K, *spatial) probabilities or target
+channels per pixel, and entropies (B, *spatial) per pixel.
+
 ``comm=None`` runs the same code in one process; only the reduction differs. This module never imports mpi4py:
 callers pass a communicator with mpi4py semantics (``Get_rank``, ``bcast``, ``Bcast``, ``Reduce``, ``Split``).
 """
@@ -82,25 +85,31 @@ def first_error(comm: Any, error: BaseException | None) -> BaseException | None:
 
 
 def member_output(model: torch.nn.Module, x: np.ndarray, task: str, device: str | torch.device = "cpu") -> np.ndarray:
-    """One member on one batch: class probabilities (B, K) or regression outputs (B, T), float32."""
+    """One member on one batch: class probabilities (B, K) or regression outputs (B, T), float32 (per pixel for the
+    dense tasks: (B, K, *spatial), (B, T, *spatial))."""
     with torch.inference_mode():
         out = model(torch.from_numpy(np.ascontiguousarray(x)).to(device)).float()
-        return (out.softmax(1) if task == "classification" else out).cpu().numpy()
+        return (out.softmax(1) if task in ("classification", "segmentation") else out).cpu().numpy()
 
 
 def _entropy(p: np.ndarray) -> np.ndarray:
-    """Entropy in nats along the last axis (0 log 0 = 0)."""
+    """Entropy in nats along the class axis (axis 1: (B, K) or (B, K, *spatial); 0 log 0 = 0)."""
     p = np.asarray(p, dtype=np.float64)
-    return -(p * np.log(np.where(p > 0, p, 1.0))).sum(-1)
+    return -(p * np.log(np.where(p > 0, p, 1.0))).sum(1)
+
+
+def _spread(task: str) -> bool:
+    """Tasks whose members' spread is a standard deviation per output (regression, fields), not an entropy."""
+    return task in ("regression", "field")
 
 
 class _Layout:
     """Where each block lives in the packed per-batch buffer."""
 
-    def __init__(self, task: str, b: int, k: int, m: int, per_member: bool):
-        self.shapes = {"s1": (b, k), "s2": (b, k) if task == "regression" else (b,)}
+    def __init__(self, task: str, b: int, k: int, m: int, per_member: bool, spatial: tuple[int, ...] = ()):
+        self.shapes = {"s1": (b, k, *spatial), "s2": (b, k, *spatial) if _spread(task) else (b, *spatial)}
         if per_member:
-            self.shapes["members"] = (m, b, k)
+            self.shapes["members"] = (m, b, k, *spatial)
         self.size = sum(int(np.prod(s)) for s in self.shapes.values())
 
     def views(self, buf: np.ndarray) -> dict[str, np.ndarray]:
@@ -157,13 +166,14 @@ def average(comm: Any, models: Sequence[tuple[int, Callable]], weights: Sequence
         meta = comm.bcast(meta, root=0)
     n, shape, dtype = meta
     xbuf = np.empty((min(batch, n), *shape), dtype=np.dtype(dtype))
+    sp = tuple(shape[1:]) if task in ("segmentation", "field") else ()  # outputs per pixel keep x's spatial axes
 
     out: dict[str, np.ndarray] = {}
     if rank == 0:
-        out["mean"] = np.empty((n, k))
-        out["second"] = np.empty((n, k) if task == "regression" else (n,))
+        out["mean"] = np.empty((n, k, *sp))
+        out["second"] = np.empty((n, k, *sp) if _spread(task) else (n, *sp))
         if per_member:
-            out["members"] = np.empty((m, n, k), dtype=np.float32)
+            out["members"] = np.empty((m, n, k, *sp), dtype=np.float32)
     for lo in range(0, n, batch):
         hi = min(n, lo + batch)
         b = hi - lo
@@ -172,13 +182,13 @@ def average(comm: Any, models: Sequence[tuple[int, Callable]], weights: Sequence
             if rank == 0:
                 xb = np.ascontiguousarray(xb)
             _bcast_batch(comm, xb)
-        lay = _Layout(task, b, k, m, per_member)
+        lay = _Layout(task, b, k, m, per_member, sp)
         send = np.zeros(lay.size)
         part = lay.views(send)
         for i, model in models:
             o = member_output(model, xb, task, device)
             part["s1"] += w[i] * o
-            part["s2"] += w[i] * (o.astype(np.float64) ** 2 if task == "regression" else _entropy(o))
+            part["s2"] += w[i] * (o.astype(np.float64) ** 2 if _spread(task) else _entropy(o))
             if per_member:
                 part["members"][i] = o
         if comm is None:
@@ -195,7 +205,7 @@ def average(comm: Any, models: Sequence[tuple[int, Callable]], weights: Sequence
     if rank != 0:
         return None
     mean = out["mean"]
-    if task == "regression":
+    if _spread(task):
         # E[o^2] - E[o]^2 in float64 from float32 outputs: cancellation stays below the outputs' own precision.
         std = np.sqrt(np.clip(out["second"] - mean ** 2, 0.0, None))
         return Averaged(task, mean, std, None, None, out.get("members"), size)

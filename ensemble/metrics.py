@@ -1,4 +1,5 @@
-"""Scores of predictions: accuracy, NLL and calibration for classes; MSE, MAE and R^2 per target for regression."""
+"""Scores of predictions: accuracy, NLL and calibration for classes; MSE, MAE and R^2 per target for regression;
+mean and per-class IoU for segmentation; MSE, MAE and R^2 per target channel for fields."""
 from __future__ import annotations
 
 import numpy as np
@@ -36,3 +37,42 @@ def regression_metrics(pred: np.ndarray, y: np.ndarray, names: list[str] | None 
     per = {name: {"mse": float(mse[i]), "mae": float(mae[i]), "r2": float(r2[i])} for i, name in enumerate(names)}
     return {"mse": float(mse.mean()), "mae": float(mae.mean()), "r2": float(np.nanmean(r2)) if np.isfinite(r2).any()
             else float("nan"), "per_target": per, "samples": len(y)}
+
+
+def _names(names: list[str] | None, n: int, stem: str) -> list[str]:
+    return list(names) if names else [f"{stem}_{i}" for i in range(n)]
+
+
+def segmentation_metrics(probs: np.ndarray, y: np.ndarray, ignore_index: int | None = None,
+                         names: list[str] | None = None) -> dict:
+    """`probs` (N, K, *spatial) per-pixel class probabilities, `y` (N, *spatial) labels: mean IoU over the classes
+    that occur, IoU per class (None where a class is neither true nor predicted), pixel accuracy and per-pixel NLL,
+    over the labelled pixels (evolve.dense computes the same during training)."""
+    import torch
+
+    from evolve.dense import confusion, segmentation_scores
+
+    probs, y = np.asarray(probs), np.asarray(y, dtype=np.int64)
+    k = probs.shape[1]
+    m = segmentation_scores(confusion(torch.from_numpy(probs.argmax(1)), torch.from_numpy(y), k, ignore_index))
+    valid = np.ones(y.shape, bool) if ignore_index is None else y != ignore_index
+    picked = np.take_along_axis(probs, np.where(valid, y, 0)[:, None], 1)[:, 0][valid]
+    nll = float(-np.log(np.clip(picked.astype(np.float64), 1e-12, None)).mean()) if picked.size else float("nan")
+    return {"miou": m["miou"], "pixel_accuracy": m["pixel_accuracy"], "nll": nll,
+            "per_class": {name: {"iou": v} for name, v in zip(_names(names, k, "class"), m["iou"])},
+            "samples": len(y), "pixels": int(valid.sum())}
+
+
+def field_metrics(pred: np.ndarray, y: np.ndarray, names: list[str] | None = None) -> dict:
+    """`pred` and `y` (N, T, *spatial): MSE, MAE and R^2 per target channel over every pixel, and their means (the
+    keys of regression_metrics, so fields read like regression)."""
+    import torch
+
+    from evolve.dense import field_scores, field_sums
+
+    y = np.asarray(y)
+    s = field_scores(field_sums(torch.from_numpy(np.asarray(pred)), torch.from_numpy(y)), y.size // y.shape[1])
+    per = {name: {"mse": s["mse"][i], "mae": s["mae"][i], "r2": s["r2"][i]}
+           for i, name in enumerate(_names(names, y.shape[1], "target"))}
+    return {"mse": float(np.mean(s["mse"])), "mae": float(np.mean(s["mae"])), "r2": s["mean_r2"], "per_target": per,
+            "samples": len(y)}

@@ -46,6 +46,20 @@ def combine(preds: np.ndarray | Sequence[np.ndarray], weights: np.ndarray | Sequ
     return np.tensordot(w / w.sum(), p, axes=1)
 
 
+def pixel_samples(preds: Sequence[np.ndarray], y: np.ndarray, task: str, ignore_index: int | None = None
+                  ) -> tuple[np.ndarray, np.ndarray, str]:
+    """Dense predictions (K members, N, C, *spatial) as samples, one per (labelled) pixel: (K, pixels, C), their
+    truth, and the task selection scores them as (segmentation: classification; field: regression)."""
+    p = np.asarray(preds)
+    p = np.moveaxis(p, 2, -1).reshape(p.shape[0], -1, p.shape[2])
+    y = np.asarray(y)
+    if task == "segmentation":
+        flat = y.reshape(-1)
+        keep = flat != ignore_index if ignore_index is not None else np.ones(flat.shape, bool)
+        return p[:, keep], flat[keep], "classification"
+    return p, np.moveaxis(y, 1, -1).reshape(-1, y.shape[1]), "regression"
+
+
 def score(pred: np.ndarray, y: np.ndarray, task: str) -> float:
     """Lower is better: NLL of class probabilities (N, K), or variance-normalised MSE of outputs (N, T)."""
     return float(_scores(np.asarray(pred, dtype=np.float64)[None], _target(y, task), task)[0])

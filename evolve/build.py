@@ -1,20 +1,23 @@
 """Genome -> torch module, and the repair-or-reject check the master runs on every child before sending it.
 
-The built model carries its own input (and, for regression, target) normalisation as buffers, so a saved
-``state_dict`` predicts in original units with no extra files.
+The built model carries its own input (and, for regression, target) normalisation as buffers (evolve/normalize.py),
+so a saved ``state_dict`` predicts in original units with no extra files. Networks for the dense tasks end in a
+U-Net decoder (evolve/dense.py) instead of a head and dense part.
 """
 
 from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Sequence
+from typing import Sequence
 
 import torch
 from torch import nn
 
+from .dense import Decoder, decoder_params, skip_points
 from .errors import InvalidGenome
 from .genome import DENSE_PART_TYPES, SPATIAL_TYPES, Gene, Genome
+from .normalize import BuiltNet, Normalized, set_normalization
 from .problem import Problem
 from .settings import load_function
 from .space import SearchSpace, spatial_shape_after
@@ -96,54 +99,9 @@ class GlobalPool(nn.Module):
         return self.op
 
 
-class Normalized(nn.Module):
-    """What every Galapagos network carries: inputs normalised, regression outputs put back in target units.
-
-    Buffers ``x_mean``/``x_std`` (per channel, or per feature for tabular data) and, for regression,
-    ``y_mean``/``y_std`` (per target) are part of the state_dict; fill them with :func:`set_normalization`.
-    Subclasses compute `body(x)` on normalised inputs.
-    """
-
-    def __init__(self, problem: Problem) -> None:
-        super().__init__()
-        self.problem = problem
-        self._stat_shape = (1, problem.channels) + (1,) * problem.spatial_dims
-        self.register_buffer("x_mean", torch.zeros(problem.channels))
-        self.register_buffer("x_std", torch.ones(problem.channels))
-        self.regression = problem.task == "regression"
-        if self.regression:
-            self.register_buffer("y_mean", torch.zeros(problem.num_outputs))
-            self.register_buffer("y_std", torch.ones(problem.num_outputs))
-
-    def body(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() != len(self._stat_shape) or x.shape[1] != self._stat_shape[1]:
-            raise ValueError(
-                f"expected input of shape (N, {', '.join(map(str, self.problem.sample_shape))}), got {tuple(x.shape)}"
-            )
-        x = x.to(self.x_mean.dtype)  # uint8 / float16 data arrive as stored
-        out = self.body((x - self.x_mean.view(self._stat_shape)) / self.x_std.view(self._stat_shape))
-        if self.regression:
-            out = out * self.y_std + self.y_mean
-        return out
-
-
-class BuiltNet(Normalized):
-    """A network from a user's builder (`train.builder`): their module, with the normalisation of every Galapagos
-    network around it, so that training, saving, prediction and export treat it as one of their own."""
-
-    def __init__(self, net: nn.Module, problem: Problem) -> None:
-        super().__init__(problem)
-        self.net = net
-
-    def body(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
 class GenomeNet(Normalized):
-    """The network a genome describes: normalise input -> spatial part -> head -> dense part -> output layer."""
+    """The network a genome describes: normalise input -> spatial part -> head -> dense part -> output layer; for a
+    dense problem: normalise input -> spatial part (the encoder) -> decoder with skips -> a 1x1 conv per pixel."""
 
     def __init__(self, genome: Genome, problem: Problem) -> None:
         super().__init__(problem)
@@ -160,6 +118,15 @@ class GenomeNet(Normalized):
                 channels = gene["channels"]
             shape = spatial_shape_after(gene, shape)
         self.features = nn.Sequential(*features)
+        self.decoder: Decoder | None = None
+        if problem.is_dense:
+            if dense_genes:
+                raise InvalidGenome(f"layer {split} ({dense_genes[0].describe()}) has no place in a network with an "
+                                    f"output per pixel ({problem.task})")
+            points = skip_points(spatial_genes, problem.channels, tuple(problem.spatial_shape))
+            self.skip_at = frozenset(i for i, _ in points)
+            self.decoder = Decoder([c for _, c in points], channels, problem.num_outputs, nd)
+            return
 
         if nd == 0:
             self.head: nn.Module = nn.Identity()
@@ -212,7 +179,14 @@ class GenomeNet(Normalized):
         raise InvalidGenome(f"layer {i} ({gene.describe()}) cannot come before the head")  # pragma: no cover
 
     def body(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dense(self.head(self.features(x)))
+        if self.decoder is None:
+            return self.dense(self.head(self.features(x)))
+        skips = []
+        for i, layer in enumerate(self.features):
+            if i in self.skip_at:
+                skips.append(x)
+            x = layer(x)
+        return self.decoder(x, skips)
 
 
 def build_model(genome: Genome, problem: Problem, device: torch.device | str | None = None, *,
@@ -231,46 +205,6 @@ def build_model(genome: Genome, problem: Problem, device: torch.device | str | N
         return make()
     with torch.device(device):
         return make()
-
-
-def _as_vector(name: str, value: Any, n: int, like: torch.Tensor) -> torch.Tensor:
-    t = torch.as_tensor(value, dtype=like.dtype).reshape(-1)
-    if t.numel() == 1 and n != 1:
-        t = t.expand(n)
-    if t.numel() != n:
-        raise ValueError(f"{name}: expected {n} values, got shape {tuple(torch.as_tensor(value).shape)}")
-    if not torch.isfinite(t).all():
-        raise ValueError(f"{name}: contains non-finite values")
-    return t.to(like.device)
-
-
-def set_normalization(
-    model: Normalized,
-    x_mean: Any,
-    x_std: Any,
-    y_mean: Any | None = None,
-    y_std: Any | None = None,
-) -> None:
-    """Store training-set statistics in the model: inputs per channel/feature, regression targets per target.
-
-    Zero (or tiny) standard deviations become 1 so that constant channels do not blow up.
-    """
-    c = model.x_mean.numel()
-    std = _as_vector("x_std", x_std, c, model.x_std)
-    with torch.no_grad():
-        model.x_mean.copy_(_as_vector("x_mean", x_mean, c, model.x_mean))
-        model.x_std.copy_(torch.where(std.abs() < 1e-12, torch.ones_like(std), std))
-    if y_mean is None and y_std is None:
-        return
-    if not getattr(model, "regression", False):
-        raise ValueError("y_mean/y_std are only meaningful for regression models")
-    t = model.y_mean.numel()
-    with torch.no_grad():
-        if y_mean is not None:
-            model.y_mean.copy_(_as_vector("y_mean", y_mean, t, model.y_mean))
-        if y_std is not None:
-            ys = _as_vector("y_std", y_std, t, model.y_std)
-            model.y_std.copy_(torch.where(ys.abs() < 1e-12, torch.ones_like(ys), ys))
 
 
 def count_params(genome: Genome, problem: Problem, builder: str = "") -> int:
@@ -306,6 +240,13 @@ def _shape_count(genome: Genome, problem: Problem) -> int:
         elif gene.type != "dropout":
             raise InvalidGenome(f"layer {i} ({gene.describe()}) cannot come before the head")
         shape = spatial_shape_after(gene, shape)
+    if problem.is_dense:
+        if split < genome.num_layers:
+            gene = genome.layers[split]
+            raise InvalidGenome(f"layer {split} ({gene.describe()}) has no place in a network with an output per "
+                                f"pixel ({problem.task})")
+        skips = [ch for _, ch in skip_points(genome.layers, problem.channels, tuple(problem.spatial_shape))]
+        return params + decoder_params(skips, c, problem.num_outputs, nd)
     width = c * math.prod(shape) if nd > 0 and genome.head == "flatten" else c
     for i, gene in enumerate(genome.layers[split:], start=split):
         if gene.type not in DENSE_PART_TYPES:
@@ -328,11 +269,14 @@ def _repair(genome: Genome, problem: Problem, space: SearchSpace) -> Genome:
     nd = problem.spatial_dims
     layers = list(genome.layers)
     head = genome.head
+    if problem.is_dense:  # the decoder is the head: dense genes have no place, the head gene is canonical
+        layers = [g for g in layers if g.type != "dense"]
+        head = space.heads[0]
     if nd == 0:
         layers = [g for g in layers if g.type not in SPATIAL_TYPES]
         head = space.heads[0]  # no head on tabular data: one canonical value, so no duplicate genomes
     else:
-        split = genome.dense_start
+        split = next((i for i, g in enumerate(layers) if g.type == "dense"), len(layers))
         spatial = []
         shape = tuple(problem.spatial_shape)
         for gene in layers[:split]:
@@ -355,15 +299,20 @@ def _repair(genome: Genome, problem: Problem, space: SearchSpace) -> Genome:
             continue
         split = next((i for i, g in enumerate(layers) if g.type == "dense"), len(layers))
         del layers[split - 1 if split > len(layers) - split else len(layers) - 1]
+    if len(layers) < space.min_layers and problem.is_dense and "conv" in space.layer_types:
+        kernel = 3 if 3 in space.kernels else space.kernels[0]
+        filler = Gene("conv", channels=space.channels[len(space.channels) // 2], kernel=kernel, stride=1,
+                      act=space.activations[0])
+        layers += [filler] * (space.min_layers - len(layers))
     if len(layers) < space.min_layers:
-        if "dense" not in space.layer_types:
+        if "dense" not in space.layer_types or problem.is_dense:
             raise InvalidGenome(
                 f"genome {genome.key} has {len(layers)} usable layers, fewer than space.min_layers={space.min_layers}"
             )
         filler = Gene("dense", units=space.units[len(space.units) // 2], act=space.activations[0])
         layers += [filler] * (space.min_layers - len(layers))
 
-    if nd > 0 and head == "flatten":
+    if nd > 0 and head == "flatten" and not problem.is_dense:
         channels, shape = problem.channels, tuple(problem.spatial_shape)
         split = next((i for i, g in enumerate(layers) if g.type == "dense"), len(layers))
         for gene in layers[:split]:
@@ -372,9 +321,10 @@ def _repair(genome: Genome, problem: Problem, space: SearchSpace) -> Genome:
             shape = spatial_shape_after(gene, shape)
         if _head_features(channels, shape, head) > space.max_flatten_features:
             head = _pooling_head(space) or head
-    if tuple(layers) == genome.layers and head == genome.head:
+    loss = genome.loss if problem.task == "segmentation" else "ce"  # a gene of segmentation only
+    if tuple(layers) == genome.layers and head == genome.head and loss == genome.loss:
         return genome  # most children need no repair: no new genome to make and validate
-    return genome.replace(layers=tuple(layers), head=head)
+    return genome.replace(layers=tuple(layers), head=head, loss=loss)
 
 
 def _pooling_head(space: SearchSpace) -> str | None:
@@ -392,7 +342,7 @@ def _counted(genome: Genome, problem: Problem) -> int:
 def _check_cached(genome: Genome, problem: Problem, space: SearchSpace) -> Genome:
     repaired = _repair(genome, problem, space)
     params = _counted(repaired, problem)
-    if params > space.max_params and repaired.head == "flatten" and problem.spatial_dims > 0:
+    if params > space.max_params and repaired.head == "flatten" and problem.spatial_dims > 0 and not problem.is_dense:
         pooled = _pooling_head(space)
         if pooled is not None:
             repaired = repaired.replace(head=pooled)

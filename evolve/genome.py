@@ -36,6 +36,7 @@ __all__ = [
     "Genome",
     "HEADS",
     "LAYER_TYPES",
+    "LOSSES",
     "NORM_KINDS",
     "OPTIMIZERS",
     "POOL_OPS",
@@ -48,6 +49,8 @@ OPTIMIZERS = ("adam", "adamw", "sgd")
 HEADS = ("avg", "max", "flatten")
 POOL_OPS = ("max", "avg")
 NORM_KINDS = ("batch", "group")
+#: segmentation losses: cross-entropy, cross-entropy weighted by inverse class frequency, soft Dice
+LOSSES = ("ce", "weighted_ce", "dice")
 MAX_DROPOUT = 0.9
 
 #: Fields of each layer gene type, in display order.
@@ -264,6 +267,7 @@ class Genome:
     batch_size: int = 64
     weight_decay: float = 0.0
     head: str = "avg"
+    loss: str = "ce"  # a training gene of segmentation only; in the JSON (and the key) only when not "ce"
 
     def __post_init__(self) -> None:
         layers = self.layers
@@ -282,6 +286,7 @@ class Genome:
             raise InvalidGenome(f"genome.weight_decay: expected a number >= 0, got {self.weight_decay!r}")
         object.__setattr__(self, "weight_decay", round_sig(wd) + 0.0)
         object.__setattr__(self, "head", _as_choice("genome.head", self.head, HEADS))
+        object.__setattr__(self, "loss", _as_choice("genome.loss", self.loss, LOSSES))
 
     # --- identity ---
     @property
@@ -292,9 +297,10 @@ class Genome:
         key = self.__dict__.get("_key")
         if key is None:
             c = _canonical_json
-            canonical = (f'{{"batch_size":{c(self.batch_size)},"head":{c(self.head)},"layers":['
-                         f'{",".join(g.canonical() for g in self.layers)}],"lr":{c(self.lr)},'
-                         f'"optimizer":{c(self.optimizer)},"weight_decay":{c(self.weight_decay)}}}')
+            layers = ",".join(g.canonical() for g in self.layers)
+            loss = "" if self.loss == "ce" else f'"loss":{c(self.loss)},'
+            canonical = (f'{{"batch_size":{c(self.batch_size)},"head":{c(self.head)},"layers":[{layers}],{loss}'
+                         f'"lr":{c(self.lr)},"optimizer":{c(self.optimizer)},"weight_decay":{c(self.weight_decay)}}}')
             key = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
             object.__setattr__(self, "_key", key)
         return key
@@ -330,7 +336,7 @@ class Genome:
 
     # --- serialisation ---
     def to_json(self) -> dict[str, Any]:
-        return {
+        d = {
             "layers": [g.to_json() for g in self.layers],
             "optimizer": self.optimizer,
             "lr": self.lr,
@@ -338,6 +344,7 @@ class Genome:
             "weight_decay": self.weight_decay,
             "head": self.head,
         }
+        return d if self.loss == "ce" else {**d, "loss": self.loss}
 
     @classmethod
     def from_json(cls, d: Any) -> "Genome":
@@ -353,12 +360,12 @@ class Genome:
         missing = [k for k in known if k not in d]
         if missing:
             raise InvalidGenome(f"genome: missing field {missing[0]!r}")
-        extra = sorted(set(d) - set(known))
+        extra = sorted(set(d) - set(known) - {"loss"})
         if extra:
-            raise InvalidGenome(f"genome: unknown field {extra[0]!r} (expected {', '.join(known)})")
+            raise InvalidGenome(f"genome: unknown field {extra[0]!r} (expected {', '.join(known)}, loss)")
         if not isinstance(d["layers"], (list, tuple)):
             raise InvalidGenome(f"genome.layers: expected a list of genes, got {d['layers']!r}")
-        return cls(**{k: d[k] for k in known})
+        return cls(**{k: d[k] for k in known}, loss=d.get("loss", "ce"))
 
     def describe(self, spatial: bool | None = None) -> str:
         """One line, e.g. ``conv32k3s1-relu > pool-max2 > avg > dense128-gelu | adam lr=1e-3 bs=64 wd=1e-5``.
@@ -374,7 +381,7 @@ class Genome:
         arch = " > ".join(parts) if parts else "(no layers)"
         return (
             f"{arch} | {self.optimizer} lr={_fmt_float(self.lr)} bs={self.batch_size} "
-            f"wd={_fmt_float(self.weight_decay)}"
+            f"wd={_fmt_float(self.weight_decay)}" + ("" if self.loss == "ce" else f" loss={self.loss}")
         )
 
     def __repr__(self) -> str:

@@ -73,6 +73,10 @@ def crossover(a: Genome, b: Genome, rng: random.Random) -> Genome:
     spatial, dense = _messy_one_point(sa, sb, rng), _messy_one_point(da, db, rng)
     training = {name: getattr(a if rng.random() < 0.5 else b, name)
                 for name in ("optimizer", "lr", "batch_size", "weight_decay", "head")}
+    if a.loss != b.loss:  # a draw only where the parents differ: runs without the gene draw as they always did
+        training["loss"] = a.loss if rng.random() < 0.5 else b.loss
+    else:
+        training["loss"] = a.loss
     return Genome(layers=tuple(spatial) + tuple(dense), **training)
 
 
@@ -211,10 +215,15 @@ def _mutate_weight_decay(genome: Genome, space: SearchSpace, problem: Problem, r
 
 
 def _mutate_head(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome | None:
-    if problem.spatial_dims == 0:
-        return None  # tabular data has no head
+    if problem.spatial_dims == 0 or problem.is_dense:
+        return None  # tabular data has no head; dense problems end in a decoder
     new = _choose_other(rng, space.heads, genome.head)
     return None if new is None else genome.replace(head=new)
+
+
+def _mutate_loss(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome | None:
+    new = _choose_other(rng, space.losses, genome.loss)
+    return None if new is None else genome.replace(loss=new)
 
 
 _Mutation = Callable[[Genome, SearchSpace, Problem, random.Random], "Genome | None"]
@@ -230,17 +239,21 @@ MUTATIONS: dict[str, tuple[_Mutation, float]] = {
     "batch_size": (_mutate_batch_size, 0.7),
     "weight_decay": (_mutate_weight_decay, 0.7),
     "head": (_mutate_head, 0.5),
+    "loss": (_mutate_loss, 0.5),  # segmentation only (see _mutate_once)
 }
 _MAX_TRIES = 30
 
 
-_NAMES = tuple(MUTATIONS)
-_CUM_WEIGHTS = tuple(itertools.accumulate(MUTATIONS[n][1] for n in _NAMES))  # what choices(weights=) would make
+# The mutations a problem draws from (the loss gene for segmentation only), with the cumulative weights that
+# rng.choices(weights=) would make on every call: {segmentation?: (names, cumulative weights)}.
+_CHOICES = {seg: (names, tuple(itertools.accumulate(MUTATIONS[n][1] for n in names)))
+            for seg in (False, True) for names in [tuple(n for n in MUTATIONS if n != "loss" or seg)]}
 
 
 def _mutate_once(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome:
+    names, cum_weights = _CHOICES[problem.task == "segmentation"]
     for _ in range(_MAX_TRIES):
-        name = rng.choices(_NAMES, cum_weights=_CUM_WEIGHTS)[0]
+        name = rng.choices(names, cum_weights=cum_weights)[0]
         child = MUTATIONS[name][0](genome, space, problem, rng)
         if child is not None and child.key != genome.key:
             return child

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from datashare.format import TASKS  # the tasks the data format knows
+from datashare.format import DENSE_TASKS, TASKS  # the tasks the data format knows
 from evolve.settings import is_int
 
 __all__ = ["Problem", "TASKS"]
@@ -17,11 +17,16 @@ __all__ = ["Problem", "TASKS"]
 
 @dataclass(frozen=True)
 class Problem:
-    """Per-sample input shape ``(F,)``, ``(C, L)``, ``(C, H, W)`` or ``(C, D, H, W)``, task and output count."""
+    """Per-sample input shape ``(F,)``, ``(C, L)``, ``(C, H, W)`` or ``(C, D, H, W)``, task and output count.
+
+    For the dense tasks (segmentation, field) ``num_outputs`` is per pixel/voxel (classes or target channels) and
+    ``ignore_index`` (segmentation) the label of unlabelled pixels.
+    """
 
     sample_shape: tuple[int, ...]
     task: str
     num_outputs: int
+    ignore_index: int | None = None
 
     def __post_init__(self) -> None:
         shape = self.sample_shape
@@ -39,6 +44,12 @@ class Problem:
         if not is_int(self.num_outputs) or self.num_outputs < 1:
             raise ValueError(f"problem.num_outputs: expected a positive integer, got {self.num_outputs!r}")
         object.__setattr__(self, "num_outputs", int(self.num_outputs))
+        if self.is_dense and len(shape) < 2:
+            raise ValueError(f"problem.sample_shape: {self.task} needs spatial axes ((C, L), (C, H, W) or "
+                             f"(C, D, H, W)), got {list(shape)}")
+        if self.ignore_index is not None and (self.task != "segmentation" or not is_int(self.ignore_index)):
+            raise ValueError(f"problem.ignore_index: an integer label for segmentation only, got "
+                             f"{self.ignore_index!r} for {self.task}")
 
     @property
     def spatial_dims(self) -> int:
@@ -58,10 +69,15 @@ class Problem:
     def is_classification(self) -> bool:
         return self.task == "classification"
 
+    @property
+    def is_dense(self) -> bool:
+        """An output per pixel/voxel (segmentation, field): networks end in a decoder, not a vector head."""
+        return self.task in DENSE_TASKS
+
     @classmethod
     def of_dataset(cls, info: Any) -> "Problem":
         """The problem a dataset poses (a datashare.format.DatasetInfo: sample_shape, task, num_targets)."""
-        return cls(tuple(info.sample_shape), info.task, info.num_targets)
+        return cls(tuple(info.sample_shape), info.task, info.num_targets, getattr(info, "ignore_index", None))
 
     def mismatch(self, info: Any) -> str | None:
         """Why a dataset does not fit networks made for this problem (e.g. "classification with samples of shape
@@ -72,15 +88,17 @@ class Problem:
                 f"has {info.task}, {tuple(info.sample_shape)}, {info.num_targets}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"sample_shape": list(self.sample_shape), "task": self.task, "num_outputs": self.num_outputs}
+        d = {"sample_shape": list(self.sample_shape), "task": self.task, "num_outputs": self.num_outputs}
+        return d if self.ignore_index is None else {**d, "ignore_index": self.ignore_index}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Problem":
         known = {"sample_shape", "task", "num_outputs"}
-        unknown = sorted(set(d) - known)
+        unknown = sorted(set(d) - known - {"ignore_index"})
         if unknown:
             raise ValueError(f"problem.{unknown[0]}: unknown key (known: {', '.join(sorted(known))})")
         missing = sorted(known - set(d))
         if missing:
             raise ValueError(f"problem.{missing[0]}: missing")
-        return cls(sample_shape=tuple(d["sample_shape"]), task=d["task"], num_outputs=d["num_outputs"])
+        return cls(sample_shape=tuple(d["sample_shape"]), task=d["task"], num_outputs=d["num_outputs"],
+                   ignore_index=d.get("ignore_index"))

@@ -16,6 +16,7 @@ from .genome import (
     GENE_FIELDS,
     HEADS,
     LAYER_TYPES,
+    LOSSES,
     MAX_DROPOUT,
     NORM_KINDS,
     OPTIMIZERS,
@@ -73,7 +74,7 @@ class SearchSpace(Table):
 
     section = "space"
     choices = {"layer_types": LAYER_TYPES, "pool_ops": POOL_OPS, "activations": ACTIVATIONS, "norms": NORM_KINDS,
-               "heads": HEADS, "optimizers": OPTIMIZERS}
+               "heads": HEADS, "optimizers": OPTIMIZERS, "losses": LOSSES}
 
     layer_types: tuple[str, ...] = LAYER_TYPES
     min_layers: int = 1
@@ -89,6 +90,7 @@ class SearchSpace(Table):
     norms: tuple[str, ...] = NORM_KINDS
     heads: tuple[str, ...] = HEADS
     optimizers: tuple[str, ...] = OPTIMIZERS
+    losses: tuple[str, ...] = LOSSES  # segmentation only
     lr: tuple[float, float] = (1e-4, 3e-2)
     batch_sizes: tuple[int, ...] = (32, 64, 128, 256)
     weight_decay: tuple[float, float] = (1e-6, 1e-2)
@@ -121,9 +123,12 @@ class SearchSpace(Table):
 
     # --- sampling ---
     def section_types(self, problem: Problem, section: str) -> tuple[str, ...]:
-        """Gene types allowed in a section for this problem (tabular problems have no conv/residual/pool)."""
+        """Gene types allowed in a section for this problem (tabular problems have no conv/residual/pool; dense
+        problems, which end in a decoder, have no dense section)."""
         if section not in SECTIONS:
             raise ValueError(f"section must be one of {SECTIONS}, got {section!r}")
+        if section == "dense" and problem.is_dense:
+            return ()
         allowed = _SECTION_TYPES[section]
         if problem.spatial_dims == 0:
             allowed = tuple(t for t in allowed if t not in SPATIAL_TYPES)
@@ -222,7 +227,7 @@ class SearchSpace(Table):
         for i in range(n_dense):
             gene_type = "dense" if i == 0 and "dense" in dense_types else None
             layers.append(self.random_gene(rng, problem, "dense", gene_type))
-        head = rng.choice(self.heads) if problem.spatial_dims > 0 else self.heads[0]
+        head = rng.choice(self.heads) if problem.spatial_dims > 0 and not problem.is_dense else self.heads[0]
         return Genome(
             layers=tuple(layers),
             optimizer=rng.choice(self.optimizers),
@@ -230,6 +235,7 @@ class SearchSpace(Table):
             batch_size=rng.choice(self.batch_sizes),
             weight_decay=self.random_weight_decay(rng),
             head=head,
+            loss=rng.choice(self.losses) if problem.task == "segmentation" else "ce",
         )
 
 

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from datashare.plan import split_arrays
 
 from evolve.build import build_model, set_normalization
+from evolve.dense import class_counts, evaluate_dense, field_loss, field_stats, segmentation_loss
 from evolve.genome import Genome
 from evolve.inherit import inherit_weights
 from evolve.netdir import save_weights
@@ -77,6 +78,8 @@ def normalization_stats(x: torch.Tensor, y: torch.Tensor, task: str, chunk: int 
         yd = y.double()
         stats["y_mean"] = yd.mean(0).float()
         stats["y_std"] = yd.std(0, unbiased=False).clamp_min(1e-6).float()
+    elif task == "field":  # per target channel, over every pixel
+        stats.update(field_stats(y))
     return stats
 
 
@@ -157,11 +160,12 @@ def _optimizer(genome: Genome, params, device: torch.device) -> torch.optim.Opti
 def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torch.Tensor, torch.Tensor]],
                     config: TrainConfig, *, device: str | torch.device = "cpu", seed: int = 0,
                     report: Callable[[dict], None] | None = None, stats: dict | None = None,
-                    parent: dict | None = None) -> tuple[dict, dict]:
+                    parent: dict | None = None, counts: torch.Tensor | None = None) -> tuple[dict, dict]:
     """Train `genome` on data['train'], score it on data['val'] after every epoch; keep the best epoch.
 
     Returns (summary, state_dict of the best epoch). `report` gets each epoch's metrics (it may raise to stop).
-    `parent`: a parent's state_dict, inherited where the layers match (evolve/inherit.py).
+    `parent`: a parent's state_dict, inherited where the layers match (evolve/inherit.py). `counts`: the
+    training split's pixels per class (segmentation's weighted_ce; counted here when not given).
     """
     device = torch.device(device)
     torch.manual_seed(seed)
@@ -182,6 +186,12 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     gen = torch.Generator(device="cpu").manual_seed(seed)
     if problem.task == "regression":
         y_mean, y_std = model.y_mean, model.y_std
+    elif problem.task == "field":  # MSE on targets normalised per channel, as regression is per target
+        dense_loss = field_loss(model.y_mean, model.y_std)
+    elif problem.task == "segmentation":
+        if counts is None and genome.loss == "weighted_ce":
+            counts = class_counts(ytr, problem.num_outputs, problem.ignore_index)
+        dense_loss = segmentation_loss(genome.loss, counts, problem.ignore_index)
     best: dict | None = None
     best_state: dict = {}
     t0 = time.perf_counter()
@@ -198,6 +208,8 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                 out = model(xb)
                 if problem.task == "classification":
                     loss = F.cross_entropy(out.float(), yb)
+                elif problem.is_dense:
+                    loss = dense_loss(out, yb)
                 else:
                     loss = F.mse_loss((out.float() - y_mean) / y_std, (yb - y_mean) / y_std)
             opt.zero_grad(set_to_none=True)
@@ -221,7 +233,8 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                 _check_finite(total, epoch, batches)
         _check_finite(total, epoch, batches)
         metrics = {"epoch": epoch, "train_loss": total.item() / max(batches, 1),
-                   **evaluate(model, xva, yva, problem.task, config.eval_batch_size, autocast)}
+                   **(evaluate_dense(model, xva, yva, problem, config.eval_batch_size, autocast) if problem.is_dense
+                      else evaluate(model, xva, yva, problem.task, config.eval_batch_size, autocast))}
         if not math.isfinite(metrics["fitness"]):
             raise NonFiniteLoss(f"validation score is {metrics['fitness']} at epoch {epoch}")
         if best is None or metrics["fitness"] > best["fitness"]:
@@ -317,8 +330,15 @@ def train_task(task: TrainTask, ctx: Any) -> dict:
     key = ("stats", task.problem.task)
     if key not in ctx.cache:
         ctx.cache[key] = normalization_stats(*data["train"], task.problem.task)
+    counts = None
+    if task.problem.task == "segmentation" and task.genome.loss == "weighted_ce":
+        ckey = ("counts", task.problem.num_outputs, task.problem.ignore_index)
+        if ckey not in ctx.cache:  # counted once per trainer child
+            ctx.cache[ckey] = class_counts(data["train"][1], task.problem.num_outputs, task.problem.ignore_index)
+        counts = ctx.cache[ckey]
     summary, state = train_candidate(task.genome, task.problem, data, task.train, device=ctx.device, seed=task.seed,
-                                     report=ctx.report, stats=ctx.cache[key], parent=_parent(task.inherit))
+                                     report=ctx.report, stats=ctx.cache[key], parent=_parent(task.inherit),
+                                     counts=counts)
     if task.save:
         save_weights(state, task.save)
     return {"fitness": summary.pop("fitness"), "metrics": summary}

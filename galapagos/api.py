@@ -126,16 +126,17 @@ def check_data(path: PathLike, *, values: bool = True) -> Any:
 
 def import_data(npz: PathLike, out: PathLike, *, task: str | None = None, num_classes: int | None = None,
                 name: str | None = None, overwrite: bool = False, channels_last: bool | None = None,
-                relabel: bool = False) -> Any:
+                relabel: bool = False, ignore_index: int | None = None) -> Any:
     """Convert a .npz (x_train, y_train, x_val, y_val, x_test, y_test) into a checked HDF5 dataset file; an
     existing `out` is refused unless `overwrite`. Samples that look channels-last, labels that start at 1 or skip
     values, and hundreds of integer targets taken for classes are refused with the fix: `channels_last` (True:
     move the last axis first; False: they are channels-first), `relabel` (labels to 0..K-1), `num_classes`,
-    `task`."""
+    `task` (the dense tasks, segmentation with `ignore_index` for unlabelled pixels, and field, are never
+    inferred)."""
     from datashare.write import import_npz
 
     return import_npz(npz, out, task=task, num_classes=num_classes, name=name, overwrite=overwrite,
-                      channels_last=channels_last, relabel=relabel)
+                      channels_last=channels_last, relabel=relabel, ignore_index=ignore_index)
 
 
 def run(name: str, opts: Any) -> dict | None:

@@ -12,7 +12,7 @@ from galapagos.errors import EXIT_NO_RESULT, EXIT_USAGE, NoResult
 from galapagos.mpijob import JobFailed, WorkerExit, setup_logging, user_errors
 from galapagos.options import EnsembleOptions, EvolveOptions, PredictOptions
 from galapagos.parser import build_parser
-from galapagos.reports import format_metrics, format_report, format_run_report, format_summary
+from galapagos.reports import format_metrics, format_report, format_run_report, format_summary, metric_keys
 from launch.protocol import EXIT_LOST
 
 
@@ -99,13 +99,13 @@ def cmd_predict(args) -> int:
         show(json.dumps(result, sort_keys=True))
         return 0
     ensemble = "uncertainty" in result
-    classes = result["task"] == "classification"
-    keys = ("accuracy", "nll", "ece") if classes else ("mse", "mae", "r2")
+    classes = result["task"] in ("classification", "segmentation")
+    keys = metric_keys(result["task"])
     count = f" of {len(result['members'])}" if "members" in result else ""
     what = f", ensemble{count} on {result['ranks']} rank(s)" if ensemble else ""
     show(f"{opts.split} ({result['samples']} samples{what}): " + ", ".join(f"{k} {result[k]:.4f}" for k in keys))
-    for name, m in result.get("per_target", {}).items():
-        show(f"  {name}: " + ", ".join(f"{k} {v:.4f}" for k, v in m.items()))
+    for name, m in result.get("per_target", result.get("per_class", {})).items():
+        show(f"  {name}: " + ", ".join(f"{k} {'-' if v is None else f'{v:.4f}'}" for k, v in m.items()))
     if ensemble:
         u = result["uncertainty"]
         show("  uncertainty: " + (f"entropy {u['entropy']:.4f} nats, mutual information "
@@ -155,7 +155,8 @@ def cmd_data(args) -> int:
         show(fmt.describe(api.check_data(args.file, values=False)))
     else:
         info = api.import_data(args.file, args.out, task=args.task, num_classes=args.num_classes, name=args.name,
-                               overwrite=args.force, channels_last=args.channels_last, relabel=args.relabel)
+                               overwrite=args.force, channels_last=args.channels_last, relabel=args.relabel,
+                               ignore_index=args.ignore_index)
         show(f"wrote {args.out}", fmt.describe(info))
     return 0
 

@@ -21,7 +21,7 @@ import numpy as np
 from datashare.format import DataError, inspect, load
 from datashare.plan import dataset_plan
 from ensemble.members import MemberSpec, choose_members
-from ensemble.selection import Selection, combine, select
+from ensemble.selection import Selection, combine, pixel_samples, select
 from ensemble.store import EnsembleError, Manifest, Member, member_dir, save_manifest
 from evolve.build import count_params
 from evolve.files import write_json
@@ -239,7 +239,10 @@ def finish(job: EnsembleJob, records: list[dict], device: str = "cpu") -> dict:
         for split, (x, _) in splits.items():
             preds[split].append(predict_outputs(model, x, job.problem, device=device))
     cfg = job.config.ensemble
-    sel = select(preds["val"], splits["val"][1], job.problem.task, max_rounds=cfg.max_rounds, init=cfg.init)
+    val, y_val, task = preds["val"], splits["val"][1], job.problem.task
+    if job.problem.is_dense:  # per-pixel probabilities or fields: every labelled pixel is a sample of the selection
+        val, y_val, task = pixel_samples(val, y_val, task, job.problem.ignore_index)
+    sel = select(val, y_val, task, max_rounds=cfg.max_rounds, init=cfg.init)
     weight = {s.name: float(w) for s, w in zip(ok, sel.weights)}
     members = tuple(Member(s.name, weight.get(s.name, 0.0), s.seed, s.origin, by_name[s.name]["status"])
                     for s in job.specs if s.name in by_name)

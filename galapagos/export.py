@@ -41,7 +41,7 @@ def exportable(model: str | Path) -> tuple[torch.nn.Module, tuple[int, ...], str
         module: torch.nn.Module = load_ensemble(model)
     else:
         net, _, problem = load_network(model)
-        module = Probabilities(net) if problem.task == "classification" else net
+        module = Probabilities(net) if problem.task in ("classification", "segmentation") else net
     return module.eval(), problem.sample_shape, problem.task
 
 
@@ -56,7 +56,7 @@ def export(model: str | Path, out: str | Path, fmt: str = "torchscript") -> dict
     module, shape, task = exportable(model)
     example = torch.zeros((2, *shape))  # two samples: a batch of one would let BatchNorm-free traces fix N=1
     with torch.no_grad():
-        outputs = module(example).shape[1]
+        outputs = list(module(example).shape[1:])  # (K,) or (T,); per pixel (K, *spatial) or (T, *spatial)
     batch = torch.export.Dim("batch", min=1)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # tracer and exporter advice about code that is not the user's
@@ -68,7 +68,8 @@ def export(model: str | Path, out: str | Path, fmt: str = "torchscript") -> dict
         else:
             _onnx(module, example, batch, out)
     return {"model": str(model), "out": str(out), "format": fmt, "task": task, "input": [None, *shape],
-            "output": [None, outputs], "outputs": "probabilities" if task == "classification" else "predictions"}
+            "output": [None, *outputs],
+            "outputs": "probabilities" if task in ("classification", "segmentation") else "predictions"}
 
 
 def _onnx(module: torch.nn.Module, example: torch.Tensor, batch, out: Path) -> None:

@@ -208,7 +208,7 @@ def status_plot(page: Page, records: list[dict]) -> None:
 def ensemble_plots(page: Page, root: Path, metrics: dict) -> None:
     plt = _plt()
     task = metrics["task"]
-    key = "accuracy" if task == "classification" else "r2"
+    key = {"classification": "accuracy", "segmentation": "miou"}.get(task, "r2")
     split = "test" if "test" in metrics else "val"
     names = list(metrics[split]["members"])
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
@@ -223,6 +223,9 @@ def ensemble_plots(page: Page, root: Path, metrics: dict) -> None:
     for ax in (a, b):
         ax.tick_params(axis="x", rotation=45)
     page.figure(fig, f"Ensemble members, their weights, and the ensemble against each member on {split}")
+    if task in ("segmentation", "field"):
+        page.text("Calibration and uncertainty plots are drawn for classification and regression ensembles.")
+        return
     data = load_manifest(root).sources.get("data") if is_ensemble(root) else None
     if not data or not Path(data).exists():
         page.text(f"Calibration and uncertainty need the ensemble's data file ({data or 'unknown'}), not found here.")

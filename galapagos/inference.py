@@ -14,7 +14,7 @@ import torch
 
 from datashare.format import DataError, DatasetInfo, load
 from ensemble.average import Averaged, assigned, average, first_error, member_output
-from ensemble.metrics import classification_metrics, regression_metrics
+from ensemble.metrics import classification_metrics, field_metrics, regression_metrics, segmentation_metrics
 from ensemble.store import EnsembleError, Manifest, is_ensemble, load_manifest, member_dir
 from evolve.genome import Genome
 from evolve.netdir import ModelError, NetworkDir
@@ -65,10 +65,16 @@ def read_split(data: str | Path, split: str, problem: Problem) -> tuple[DatasetI
 
 
 def score(task: str, out: np.ndarray, y: np.ndarray, info: DatasetInfo) -> dict:
-    """Accuracy, NLL and ECE of class probabilities; MSE, MAE and R^2 per target of regression outputs."""
+    """Accuracy, NLL and ECE of class probabilities; MSE, MAE and R^2 per target of regression outputs; mean and
+    per-class IoU, pixel accuracy and NLL per pixel of segmentation; MSE, MAE and R^2 per target of fields."""
+    names = list(info.target_names) if info.target_names else None
     if task == "classification":
         return classification_metrics(out, y)
-    return regression_metrics(out, y, list(info.target_names) if info.target_names else None)
+    if task == "segmentation":
+        return segmentation_metrics(out, y, info.ignore_index, names)
+    if task == "field":
+        return field_metrics(out, y, names)
+    return regression_metrics(out, y, names)
 
 
 def predict(model_path: str | Path, data: str | Path, split: str = "test", *, save: str | Path | None = None,
@@ -80,7 +86,10 @@ def predict(model_path: str | Path, data: str | Path, split: str = "test", *, sa
     metrics = score(problem.task, out, y, info)
     if save:
         with h5py.File(save, "w") as f:
-            f.create_dataset("probabilities" if problem.task == "classification" else "predictions", data=out)
+            f.create_dataset("probabilities" if problem.task in ("classification", "segmentation") else "predictions",
+                             data=out)
+            if problem.task == "segmentation":  # the map itself: the most probable class per pixel
+                f.create_dataset("labels", data=out.argmax(1).astype(np.int64))
             f.create_dataset("y", data=y)
             f.attrs["model"] = str(model_dir(model_path).path)
             f.attrs["data"], f.attrs["split"] = str(data), split
@@ -184,10 +193,11 @@ def predict_ensemble(root: str | Path, data: str | Path, split: str = "test", *,
 
 def _uncertainty(avg: Averaged, info: DatasetInfo) -> dict:
     """Means over the samples: entropy and mutual information (classes), between-member std (regression)."""
-    if avg.task == "classification":
+    if avg.task in ("classification", "segmentation"):  # means over samples (and pixels)
         return {"entropy": float(avg.entropy.mean()) if len(avg.entropy) else float("nan"),
                 "mutual_information": float(avg.mutual_information.mean()) if len(avg.entropy) else float("nan")}
-    per = avg.std.mean(0) if len(avg.std) else np.full(avg.std.shape[1], np.nan)
+    std = avg.std.reshape(len(avg.std), avg.std.shape[1], -1)  # (N, T, pixels); one pixel for regression
+    per = std.mean((0, 2)) if len(std) else np.full(std.shape[1], np.nan)
     names = list(info.target_names) if info.target_names else [f"target_{i}" for i in range(len(per))]
     return {"std": float(per.mean()), "per_target": {n: {"std": float(v)} for n, v in zip(names, per)}}
 
@@ -195,9 +205,11 @@ def _uncertainty(avg: Averaged, info: DatasetInfo) -> dict:
 def _save(path: str | Path, avg: Averaged, y: np.ndarray, info: DatasetInfo, *, root, data, split, names,
           weights) -> None:
     """Predictions and uncertainties per sample, each member's outputs, the truth, and where they came from."""
-    classes = avg.task == "classification"
+    classes = avg.task in ("classification", "segmentation")
     with h5py.File(path, "w") as f:
         f.create_dataset("probabilities" if classes else "predictions", data=avg.mean)
+        if avg.task == "segmentation":
+            f.create_dataset("labels", data=avg.mean.argmax(1).astype(np.int64))
         if classes:
             f.create_dataset("entropy", data=avg.entropy)
             f.create_dataset("mutual_information", data=avg.mutual_information)
@@ -284,7 +296,7 @@ class Ensemble(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         outs = [m(x).float() for m in self.members]
-        if self.task == "classification":
+        if self.task in ("classification", "segmentation"):
             outs = [o.softmax(1) for o in outs]
         return sum(w * o for w, o in zip(self.weights, outs))
 

@@ -102,6 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
     im.add_argument("out")
     im.add_argument("--task", choices=TASKS)
     im.add_argument("--num-classes", type=int)
+    im.add_argument("--ignore-index", type=int, help="segmentation: the label of unlabelled pixels (e.g. 255)")
     im.add_argument("--name")
     im.add_argument("--force", action="store_true", help="replace the output file if it exists")
     layout = im.add_mutually_exclusive_group()

@@ -49,6 +49,8 @@ def format_summary(s: dict) -> str:
         b = s["best"]
         lines.append(f"best fitness: {b['fitness']:.4f} (evaluation {b['id']}, {b['params']:,} parameters)")
         lines.append(f"best network: {b['genome']}")
+        if dense := _dense_line(b.get("metrics") or {}):
+            lines.append(dense)
     if s.get("initial_population_best") is not None:
         lines.append(f"initial population: best {s['initial_population_best']:.4f}, "
                      f"median {s['initial_population_median']:.4f}")
@@ -60,12 +62,26 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
-def _keys(task: str) -> tuple[str, ...]:
-    return ("accuracy", "nll", "ece") if task == "classification" else ("mse", "mae", "r2")
+def metric_keys(task: str) -> tuple[str, ...]:
+    """The scores shown for a task (of ensemble.metrics' results)."""
+    return {"classification": ("accuracy", "nll", "ece"), "segmentation": ("miou", "pixel_accuracy", "nll")}.get(
+        task, ("mse", "mae", "r2"))
 
 
 def _line(m: dict, task: str) -> str:
-    return ", ".join(f"{k} {m[k]:.4f}" for k in _keys(task))
+    return ", ".join(f"{k} {m[k]:.4f}" for k in metric_keys(task))
+
+
+def _dense_line(m: dict) -> str | None:
+    """The best network's validation scores of a dense task, per class or per target; None for other tasks."""
+    if "val_miou" in m:
+        iou = " ".join("-" if v is None else f"{v:.3f}" for v in m.get("val_iou", []))
+        return (f"best on val: mean IoU {m['val_miou']:.4f}, pixel accuracy {m['val_pixel_accuracy']:.4f}, "
+                f"IoU per class [{iou}]")
+    if "val_mse_per_target" in m:
+        mse = " ".join(f"{v:.4g}" for v in m["val_mse_per_target"])
+        return f"best on val: mean R^2 {m['val_r2']:.4f}, MSE {m['val_mse']:.4g}, MSE per target [{mse}]"
+    return None
 
 
 def format_metrics(metrics: dict) -> str:

@@ -192,7 +192,8 @@ def test_one_dimensional_x(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("attrs, expected", [
-    ({"task": "segmentation"}, "attribute 'task' must be one of classification, regression, got 'segmentation'"),
+    ({"task": "detection"}, "attribute 'task' must be one of classification, regression, segmentation, field, "
+                            "got 'detection'"),
     ({"task": None}, "missing root attribute 'task'"),
     ({"num_classes": None}, "attribute 'num_classes' is required"),
     ({"num_classes": 1}, "attribute 'num_classes' must be at least 2, got 1"),

@@ -64,7 +64,7 @@ def test_problem_properties_and_round_trip():
         (dict(sample_shape=(), task="regression", num_outputs=1), "sample_shape"),
         (dict(sample_shape=(1, 2, 3, 4, 5), task="regression", num_outputs=1), "sample_shape"),
         (dict(sample_shape=(3, 0), task="regression", num_outputs=1), "sample_shape"),
-        (dict(sample_shape=(3,), task="segmentation", num_outputs=1), "task"),
+        (dict(sample_shape=(3,), task="detection", num_outputs=1), "task"),
         (dict(sample_shape=(3,), task="regression", num_outputs=0), "num_outputs"),
     ],
 )
