@@ -28,7 +28,6 @@ import queue
 import socket
 import threading
 import time
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -36,6 +35,7 @@ from typing import Any, Iterable, Mapping
 import h5py
 import numpy as np
 
+from .checksums import CHECKSUM, CRC_BLOCK, checksum, pool as _crc_pool
 from .format import check_values
 from .layout import MAX_COUNT
 from .plan import DataShareError, Plan, Source, array_parts
@@ -49,42 +49,6 @@ __all__ = ["DataShareError", "Shared", "share", "open_shared", "checksum"]
 # the world, whose own contexts keep them apart from the runtime's messages on the world (launch/protocol.py).
 TAG = 23
 DEPTH = 4  # pieces a reader may read ahead of the sending
-CRC_BLOCK = 16 << 20  # bytes per CRC-32 and per read: the blocks of one piece are read and checksummed in parallel
-
-
-# -- checksums --------------------------------------------------------------------------------------------------
-# XXH3-64 hashes at about 16 GiB/s on one core, faster than a memcpy, where zlib's CRC-32 manages about 2 GiB/s;
-# both release the GIL. https://pypi.org/project/xxhash/ (xxh3_64_intdigest: the 64-bit XXH3 of a buffer as an int)
-try:
-    import xxhash
-except ImportError:  # a clear fallback: correct, only slower; the kind travels with every piece
-    xxhash = None
-
-CHECKSUMS = {"crc32": zlib.crc32}
-if xxhash is not None:
-    CHECKSUMS["xxh3-64"] = xxhash.xxh3_64_intdigest
-CHECKSUM = "xxh3-64" if xxhash is not None else "crc32"  # what readers compute
-_pool: ThreadPoolExecutor | None = None
-
-
-def _crc_pool() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        _pool = ThreadPoolExecutor(max_workers=max(1, min(4, cores)), thread_name_prefix="crc32")
-    return _pool
-
-
-def checksum(buf: np.ndarray, kind: str = CHECKSUM) -> tuple[int, ...]:
-    """The ``kind`` checksum of each 16 MiB block of a flat byte array (blocks run in parallel for CRC-32)."""
-    if kind not in CHECKSUMS:
-        raise DataShareError(f"checksum {kind!r} needs the xxhash package, which this rank lacks "
-                             "(pip install xxhash)" if kind == "xxh3-64" else f"unknown checksum {kind!r}")
-    fn = CHECKSUMS[kind]
-    blocks = [buf[i:i + CRC_BLOCK] for i in range(0, buf.nbytes, CRC_BLOCK)]
-    if len(blocks) <= 1 or kind != "crc32":  # XXH3 is faster than the memory: threads would only contend
-        return tuple(fn(b) for b in blocks) if blocks else (fn(buf),)
-    return tuple(_crc_pool().map(fn, blocks))
 
 
 # -- requests and pieces ----------------------------------------------------------------------------------------

@@ -72,7 +72,7 @@ def test_a_rank_without_xxhash_refuses_the_pieces_it_cannot_verify():
 
 @pytest.mark.parametrize("kind", ["xxh3-64", "crc32"])
 def test_checksum_names_the_one_corrupted_block(kind):
-    from datashare.share import CRC_BLOCK, checksum
+    from datashare.checksums import CRC_BLOCK, checksum
 
     buf = np.random.default_rng(3).integers(0, 256, 3 * CRC_BLOCK + 5, dtype=np.uint8)
     clean = checksum(buf, kind)

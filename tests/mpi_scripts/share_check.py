@@ -14,7 +14,7 @@ import zlib
 
 import numpy as np
 
-from datashare import share as ds
+from datashare import checksums, share as ds
 from datashare.plan import Plan, Source, array_name, dataset_plan, split_arrays
 from datashare.share import DataShareError, open_shared, share
 from launch.mpi import node_comm, world
@@ -96,7 +96,7 @@ def case_corrupt(comm, node, kind: str) -> None:
     """
     if kind == "missing":
         if comm.rank == 2:
-            del ds.CHECKSUMS["xxh3-64"]
+            del checksums.CHECKSUMS["xxh3-64"]
     else:
         ds.CHECKSUM = kind
     if comm.rank == 2 and kind != "missing":
