@@ -9,10 +9,9 @@ Collective over the world communicator ``comm`` and ``node`` (the ranks of ``com
    checking first that the node has the room.
 3. Arrays are cut into pieces of at most ``chunk_bytes``. Reader leaders (rank 0's by default, or every leader, or
    a count of them) read their pieces on a thread, straight into their node's segment, while the main thread
-   sends earlier pieces: one buffer ``Bcast`` over the leaders when every other node needs a piece, sends to just
-   the nodes that need it otherwise. A piece that travels carries checksums (XXH3-64 per 16 MiB block, CRC-32
-   without the xxhash package) computed by its reader and verified on arrival, on a thread, while the next piece
-   is received.
+   sends earlier pieces: along a pipelined chain of the leaders (MPI's ``Bcast`` past ~500 nodes, see ``_chain``)
+   when every other node needs a piece, to just the nodes that need it otherwise. A piece that travels carries
+   its reader's checksums (``checksums``), verified on arrival on a thread while the next piece is received.
 4. Leaders agree on errors; then the ranks of each node map the segment read-only and its name is removed, so the
    memory lives exactly as long as the processes that use it.
 
@@ -49,6 +48,7 @@ __all__ = ["DataShareError", "Shared", "share", "open_shared", "checksum"]
 # the world, whose own contexts keep them apart from the runtime's messages on the world (launch/protocol.py).
 TAG = 23
 DEPTH = 4  # pieces a reader may read ahead of the sending
+CHAIN_BLOCK = 4 << 20  # bytes per message of the pipelined chain between node leaders
 
 
 # -- requests and pieces ----------------------------------------------------------------------------------------
@@ -195,11 +195,34 @@ def _subchunks(raw: np.ndarray, chunk: int) -> Iterable[np.ndarray]:
         yield raw[i:i + chunk]
 
 
+def _chain(leaders: Any, raw: np.ndarray, root: int, block: int) -> None:
+    """Broadcast ``raw`` from ``root`` along the chain root, root+1, ... (mod size), pipelined by ``block``.
+
+    Each leader receives block k while block k-1 goes on to the next leader, so each sends and receives every
+    byte once: time ~ bytes/bandwidth + (leaders - 2) x block/bandwidth. MPI_Bcast of long messages in MPICH is a
+    binomial tree below 8 ranks (the root sends everything log2(leaders) times) and scatter + allgather from 8
+    (~2 x bytes/bandwidth): MPIR_CVAR_BCAST_MIN_PROCS in pmodels/mpich src/mpi/coll/bcast/bcast.c. So the chain
+    is used while its fill, (leaders - 2) x block, is below the data: to ~500 nodes for 2 GiB in 4 MiB blocks.
+    """
+    me, n = leaders.Get_rank(), leaders.Get_size()
+    pos = (me - root) % n
+    sends = []
+    for part in _subchunks(raw, block):
+        if pos > 0:
+            leaders.Recv(part, source=(me - 1) % n, tag=TAG)
+        if pos < n - 1:
+            sends.append(leaders.Isend(part, dest=(me + 1) % n, tag=TAG))
+    for req in sends:
+        req.Wait()
+
+
 def _transfer(plan: Plan, pieces: list[Piece], leaders: Any, segment: SharedArrays | None,
               need: Mapping[str, tuple[int, int]], memory, leader_ranks: list[int]) -> list[str]:
     """Move every piece to the leaders that need it; returns this leader's errors."""
     me, size = leaders.Get_rank(), leaders.Get_size()
     chunk = max(1, min(int(plan.chunk_bytes), MAX_COUNT))
+    block = min(chunk, CHAIN_BLOCK)
+    chain = size > 2 and (size - 2) * block < plan.nbytes  # see _chain: while its fill costs less than the data
     offsets = segment.offsets if segment is not None else {}
 
     def target(p: Piece) -> np.ndarray:
@@ -233,9 +256,11 @@ def _transfer(plan: Plan, pieces: list[Piece], leaders: Any, segment: SharedArra
                 continue
             if not to:
                 continue
-            if len(to) == size - 1:  # every other node: one broadcast tree
+            if len(to) == size - 1:  # every other node: a pipelined chain, or MPI's own broadcast
                 header = leaders.bcast(header if me == p.reader else None, root=p.reader)
-                if header[1] is None:
+                if header[1] is None and chain:
+                    _chain(leaders, raw, p.reader, block)
+                elif header[1] is None:
                     for part in _subchunks(raw, chunk):
                         leaders.Bcast(part, root=p.reader)
             elif me == p.reader:
@@ -254,8 +279,7 @@ def _transfer(plan: Plan, pieces: list[Piece], leaders: Any, segment: SharedArra
                 checks.append((p, kind, want, verifier.submit(checksum, raw, kind), raw))
         for p, kind, want, got, raw in checks:
             s = plan.sources[p.source]
-            where = (f"piece {p.index} ({s.name} rows {p.rows[0]}:{p.rows[1]}, read by rank "
-                     f"{leader_ranks[p.reader]})")
+            where = f"piece {p.index} ({s.name} rows {p.rows[0]}:{p.rows[1]}, read by rank {leader_ranks[p.reader]})"
             try:
                 got = got.result()
             except DataShareError as exc:
