@@ -222,7 +222,7 @@ def _transfer(plan: Plan, pieces: list[Piece], leaders: Any, segment: SharedArra
     me, size = leaders.Get_rank(), leaders.Get_size()
     chunk = max(1, min(int(plan.chunk_bytes), MAX_COUNT))
     block = min(chunk, CHAIN_BLOCK)
-    chain = size > 2 and (size - 2) * block < plan.nbytes  # see _chain: while its fill costs less than the data
+    chain = (size - 2) * block < plan.nbytes  # see _chain: while its fill costs less than the data
     offsets = segment.offsets if segment is not None else {}
 
     def target(p: Piece) -> np.ndarray:
