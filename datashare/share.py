@@ -221,7 +221,7 @@ def _transfer(plan: Plan, pieces: list[Piece], leaders: Any, segment: SharedArra
     """Move every piece to the leaders that need it; returns this leader's errors."""
     me, size = leaders.Get_rank(), leaders.Get_size()
     chunk = max(1, min(int(plan.chunk_bytes), MAX_COUNT))
-    block = min(chunk, CHAIN_BLOCK)
+    block = chunk if size == 2 else min(chunk, CHAIN_BLOCK)  # with one hop there is no fill to shorten
     chain = (size - 2) * block < plan.nbytes  # see _chain: while its fill costs less than the data
     offsets = segment.offsets if segment is not None else {}
 
