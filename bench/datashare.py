@@ -9,6 +9,11 @@ node's shared copy that every rank maps; (b') the same with every rank pretendin
 floor: one numpy.copyto of the same bytes into fresh memory, in one process. Reported: time until every rank can
 read all of the data (each rank touches every page), bytes per second, and memory summed over ranks as
 proportional set size (shared pages counted once across the ranks that map them) and as peak RSS.
+
+    python -m bench.datashare --evolve-memory --gib 0.5 --workers 2
+
+instead measures a real `galapagos evolve` job: PSS summed over all its processes while its trainers run, on the
+file and on one 1/32 its size, so that what grows with the data shows as copies of the data on the node.
 """
 from __future__ import annotations
 
