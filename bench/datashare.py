@@ -9,12 +9,18 @@ node's shared copy that every rank maps; (b') the same with every rank pretendin
 floor: one numpy.copyto of the same bytes into fresh memory, in one process. Reported: time until every rank can
 read all of the data (each rank touches every page), bytes per second, and memory summed over ranks as
 proportional set size (shared pages counted once across the ranks that map them) and as peak RSS.
+
+    python -m bench.datashare --evolve-memory --gib 0.5 --workers 2
+
+instead measures a real `galapagos evolve` job: PSS summed over all its processes while its trainers run, on the
+file and on one 1/32 its size, so that what grows with the data shows as copies of the data on the node.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -63,7 +69,8 @@ def rank_main(mode: str, path: str, chunk_mib: int) -> None:
         with open_file(path) as f:
             arrays = {array_name(g, k): f[g][k][()] for g in f for k in ("x", "y")}
     else:
-        plan, memory = dataset_plan(path, ("train",), chunk_bytes=chunk_mib << 20)[:2] if comm.rank == 0 else (None, None)
+        plan, memory = (dataset_plan(path, ("train",), chunk_bytes=chunk_mib << 20)[:2] if comm.rank == 0
+                        else (None, None))
         holder = share(comm, node, plan, memory=memory)
         arrays = holder.arrays
     _touch(arrays)
@@ -118,6 +125,85 @@ def run(ranks: int, mode: str, path: Path, chunk_mib: int) -> dict:
     return json.loads(line[7:])
 
 
+def _tree(root: int) -> list[int]:
+    """The process ``root`` and all its descendants (mpiexec, the ranks, their trainer children)."""
+    kids: dict[int, list[int]] = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                ppid = int(Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            kids.setdefault(ppid, []).append(int(p))
+    out, todo = [], [root]
+    while todo:
+        pid = todo.pop()
+        out.append(pid)
+        todo += kids.get(pid, [])
+    return out
+
+
+def _pss(pid: int) -> tuple[int, int]:
+    """(PSS of a process, the part of it in /dev/shm mappings), bytes; (0, 0) for a process that is gone."""
+    total = shm = 0
+    in_shm = False
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            for line in f:
+                if re.match(r"[0-9a-f]+-[0-9a-f]+ ", line):
+                    in_shm = "/dev/shm/" in line
+                elif line.startswith("Pss:"):
+                    kb = int(line.split()[1]) * 1024
+                    total += kb
+                    shm += kb if in_shm else 0
+    except OSError:
+        return 0, 0
+    return total, shm
+
+
+def evolve_memory(path: Path, out: Path, workers: int, evaluations: int) -> dict:
+    """Summed PSS of every process of a real `galapagos evolve` job, sampled while all its trainers run."""
+    config = out.with_suffix(".toml")  # tiny networks and batches: what grows with the data shows, not activations
+    config.write_text("[space]\nmin_layers = 1\nmax_layers = 2\nchannels = [4]\nunits = [16]\nbatch_sizes = [32]\n"
+                      "[train]\nepochs = 2\nmax_train_samples = 256\neval_batch_size = 64\n")
+    cmd = [sys.executable, "-m", "galapagos.cli", "evolve", "--data", str(path), "--out", str(out), "--config",
+           str(config), "--workers", str(workers), "--evaluations", str(evaluations)]
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
+    samples = []
+    with subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
+        while proc.poll() is None:
+            pids = _tree(proc.pid)
+            trainers = [p for p in pids if b"launch.trainer" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            if len(trainers) == workers:
+                got = [_pss(p) for p in pids]
+                samples.append((sum(t for t, _ in got), sum(s for _, s in got)))
+            time.sleep(0.25)
+        err = proc.stderr.read()
+    if proc.returncode or not samples:
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}, {len(samples)} samples):\n{err[-2000:]}")
+    total, shm = sorted(t for t, _ in samples), sorted(s for _, s in samples)
+    return {"median": total[len(total) // 2], "max": total[-1], "shm": shm[len(shm) // 2], "samples": len(samples)}
+
+
+def memory_table(gib: float, workers: int, evaluations: int, tmp: Path) -> None:
+    """The job on the file and on one 1/32 its size: what grows with the data is the data's copies on the node."""
+    rows = []
+    for label, size in (("small", gib / 32), ("large", gib)):
+        path = tmp / f"{label}.h5"
+        nbytes = make_file(path, size)
+        rows.append((label, nbytes, evolve_memory(path, tmp / f"run-{label}", workers, evaluations)))
+    print(f"`galapagos evolve`, {workers} workers, {evaluations} evaluations: PSS summed over every process")
+    print("| file | data | samples | median | max | in /dev/shm (median) |")
+    print("|---|---|---|---|---|---|")
+    for label, nbytes, r in rows:
+        print(f"| {label} | {nbytes / 2**30:.3f} GiB | {r['samples']} | {r['median'] / 2**30:.2f} GiB | "
+              f"{r['max'] / 2**30:.2f} GiB | {r['shm'] / 2**30:.3f} GiB |")
+    (_, small_bytes, small), (_, large_bytes, large) = rows
+    grown = large_bytes - small_bytes
+    print(f"copies of the data on the node (growth of summed PSS / growth of the data): median "
+          f"{(large['median'] - small['median']) / grown:.2f}, max {(large['max'] - small['max']) / grown:.2f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--gib", type=float, default=1.0)
@@ -127,12 +213,18 @@ def main() -> None:
     p.add_argument("--nodes-up-to", type=int, default=len(os.sched_getaffinity(0)),
                    help="run the one-rank-per-node variant up to this many ranks (default: the cores here; beyond "
                    "that, MPICH's shared-memory collectives stall for seconds when ranks outnumber cores)")
+    p.add_argument("--evolve-memory", action="store_true", help="instead: memory of a real `galapagos evolve` job "
+                   "on a --gib file and on one 1/32 its size, summed PSS of every process while the trainers run")
+    p.add_argument("--workers", type=int, default=2, help="with --evolve-memory")
+    p.add_argument("--evaluations", type=int, default=8, help="with --evolve-memory")
     p.add_argument("--rank-mode", help=argparse.SUPPRESS)
     p.add_argument("--file", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_mode:
         return rank_main(args.rank_mode, args.file, args.chunk_mib)
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/tmp")) as tmp:
+        if args.evolve_memory:
+            return memory_table(args.gib, args.workers, args.evaluations, Path(tmp))
         path = Path(tmp) / "bench.h5"
         nbytes = make_file(path, args.gib)
         subprocess.run(["cat", str(path)], stdout=subprocess.DEVNULL, check=True)  # into the page cache

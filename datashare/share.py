@@ -9,9 +9,9 @@ Collective over the world communicator ``comm`` and ``node`` (the ranks of ``com
    checking first that the node has the room.
 3. Arrays are cut into pieces of at most ``chunk_bytes``. Reader leaders (rank 0's by default, or every leader, or
    a count of them) read their pieces on a thread, straight into their node's segment, while the main thread
-   sends earlier pieces: one buffer ``Bcast`` over the leaders when every other node needs a piece, sends to just
-   the nodes that need it otherwise. A piece that travels carries CRC-32 checksums computed by its reader and
-   verified on arrival, on threads, while the next piece is received.
+   sends earlier pieces: along a pipelined chain of the leaders (MPI's ``Bcast`` past ~500 nodes, see ``_chain``)
+   when every other node needs a piece, to just the nodes that need it otherwise. A piece that travels carries
+   its reader's checksums (``checksums``), verified on arrival on a thread while the next piece is received.
 4. Leaders agree on errors; then the ranks of each node map the segment read-only and its name is removed, so the
    memory lives exactly as long as the processes that use it.
 
@@ -27,7 +27,6 @@ import queue
 import socket
 import threading
 import time
-import zlib
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
@@ -35,6 +34,7 @@ from typing import Any, Iterable, Mapping
 import h5py
 import numpy as np
 
+from .checksums import CHECKSUM, CRC_BLOCK, checksum, pool as _crc_pool
 from .format import check_values
 from .layout import MAX_COUNT
 from .plan import DataShareError, Plan, Source, array_parts
@@ -48,27 +48,7 @@ __all__ = ["DataShareError", "Shared", "share", "open_shared", "checksum"]
 # the world, whose own contexts keep them apart from the runtime's messages on the world (launch/protocol.py).
 TAG = 23
 DEPTH = 4  # pieces a reader may read ahead of the sending
-CRC_BLOCK = 16 << 20  # bytes per CRC-32 and per read: the blocks of one piece are read and checksummed in parallel
-
-
-# -- checksums --------------------------------------------------------------------------------------------------
-_pool: ThreadPoolExecutor | None = None
-
-
-def _crc_pool() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        _pool = ThreadPoolExecutor(max_workers=max(1, min(4, cores)), thread_name_prefix="crc32")
-    return _pool
-
-
-def checksum(buf: np.ndarray) -> tuple[int, ...]:
-    """CRC-32 of each 16 MiB block of a flat byte array (zlib releases the GIL, so blocks run in parallel)."""
-    blocks = [buf[i:i + CRC_BLOCK] for i in range(0, buf.nbytes, CRC_BLOCK)]
-    if len(blocks) <= 1:
-        return (zlib.crc32(buf),)
-    return tuple(_crc_pool().map(zlib.crc32, blocks))
+CHAIN_BLOCK = 4 << 20  # bytes per message of the pipelined chain between node leaders
 
 
 # -- requests and pieces ----------------------------------------------------------------------------------------
@@ -172,7 +152,7 @@ class _Reader(threading.Thread):
                 try:
                     self._read(s, p, raw)
                     if any(i != p.reader for i in p.needers):  # it travels
-                        crc = checksum(raw)
+                        crc = (CHECKSUM, checksum(raw, CHECKSUM))
                 except Exception as exc:  # the error travels in the piece's header; no rank is left waiting
                     err = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
                 self.out.put((p.index, raw, crc, err))
@@ -215,11 +195,34 @@ def _subchunks(raw: np.ndarray, chunk: int) -> Iterable[np.ndarray]:
         yield raw[i:i + chunk]
 
 
+def _chain(leaders: Any, raw: np.ndarray, root: int, block: int) -> None:
+    """Broadcast ``raw`` from ``root`` along the chain root, root+1, ... (mod size), pipelined by ``block``.
+
+    Each leader receives block k while block k-1 goes on to the next leader, so each sends and receives every
+    byte once: time ~ bytes/bandwidth + (leaders - 2) x block/bandwidth. MPI_Bcast of long messages in MPICH is a
+    binomial tree below 8 ranks (the root sends everything log2(leaders) times) and scatter + allgather from 8
+    (~2 x bytes/bandwidth): MPIR_CVAR_BCAST_MIN_PROCS in pmodels/mpich src/mpi/coll/bcast/bcast.c. So the chain
+    is used while its fill, (leaders - 2) x block, is below the data: to ~500 nodes for 2 GiB in 4 MiB blocks.
+    """
+    me, n = leaders.Get_rank(), leaders.Get_size()
+    pos = (me - root) % n
+    sends = []
+    for part in _subchunks(raw, block):
+        if pos > 0:
+            leaders.Recv(part, source=(me - 1) % n, tag=TAG)
+        if pos < n - 1:
+            sends.append(leaders.Isend(part, dest=(me + 1) % n, tag=TAG))
+    for req in sends:
+        req.Wait()
+
+
 def _transfer(plan: Plan, pieces: list[Piece], leaders: Any, segment: SharedArrays | None,
               need: Mapping[str, tuple[int, int]], memory, leader_ranks: list[int]) -> list[str]:
     """Move every piece to the leaders that need it; returns this leader's errors."""
     me, size = leaders.Get_rank(), leaders.Get_size()
     chunk = max(1, min(int(plan.chunk_bytes), MAX_COUNT))
+    block = chunk if size == 2 else min(chunk, CHAIN_BLOCK)  # with one hop there is no fill to shorten
+    chain = (size - 2) * block < plan.nbytes  # see _chain: while its fill costs less than the data
     offsets = segment.offsets if segment is not None else {}
 
     def target(p: Piece) -> np.ndarray:
@@ -233,7 +236,7 @@ def _transfer(plan: Plan, pieces: list[Piece], leaders: Any, segment: SharedArra
     if reader is not None:
         reader.start()
     errors: list[str] = []
-    checks: list[tuple[Piece, tuple[int, ...], Future, np.ndarray]] = []
+    checks: list[tuple[Piece, str, tuple[int, ...], Future, np.ndarray]] = []
     verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
     host = socket.gethostname()
     try:
@@ -253,9 +256,11 @@ def _transfer(plan: Plan, pieces: list[Piece], leaders: Any, segment: SharedArra
                 continue
             if not to:
                 continue
-            if len(to) == size - 1:  # every other node: one broadcast tree
+            if len(to) == size - 1:  # every other node: a pipelined chain, or MPI's own broadcast
                 header = leaders.bcast(header if me == p.reader else None, root=p.reader)
-                if header[1] is None:
+                if header[1] is None and chain:
+                    _chain(leaders, raw, p.reader, block)
+                elif header[1] is None:
                     for part in _subchunks(raw, chunk):
                         leaders.Bcast(part, root=p.reader)
             elif me == p.reader:
@@ -270,14 +275,20 @@ def _transfer(plan: Plan, pieces: list[Piece], leaders: Any, segment: SharedArra
                     for part in _subchunks(raw, chunk):
                         leaders.Recv(part, source=p.reader, tag=TAG)
             if me != p.reader and header[1] is None:
-                checks.append((p, header[0], verifier.submit(checksum, raw), raw))
-        for p, want, got, raw in checks:
-            if tuple(got.result()) != tuple(want):
-                s = plan.sources[p.source]
-                bad = [i for i, (w, g) in enumerate(zip(want, got.result())) if w != g]
-                errors.append(f"piece {p.index} ({s.name} rows {p.rows[0]}:{p.rows[1]}, read by rank "
-                              f"{leader_ranks[p.reader]}) arrived corrupted on rank {leader_ranks[me]} ({host}): "
-                              f"CRC-32 mismatch in {len(bad)} of {len(want)} block(s), the first covering bytes "
+                kind, want = header[0]
+                checks.append((p, kind, want, verifier.submit(checksum, raw, kind), raw))
+        for p, kind, want, got, raw in checks:
+            s = plan.sources[p.source]
+            where = f"piece {p.index} ({s.name} rows {p.rows[0]}:{p.rows[1]}, read by rank {leader_ranks[p.reader]})"
+            try:
+                got = got.result()
+            except DataShareError as exc:
+                errors.append(f"{where} cannot be verified on rank {leader_ranks[me]} ({host}): {exc}")
+                continue
+            if tuple(got) != tuple(want):
+                bad = [i for i, (w, g) in enumerate(zip(want, got)) if w != g]
+                errors.append(f"{where} arrived corrupted on rank {leader_ranks[me]} ({host}): {kind} checksum "
+                              f"mismatch in {len(bad)} of {len(want)} block(s), the first covering bytes "
                               f"{bad[0] * CRC_BLOCK}:{min(raw.nbytes, (bad[0] + 1) * CRC_BLOCK)} of the piece")
     finally:
         verifier.shutdown(wait=True)

@@ -61,11 +61,16 @@ def _channel_axes(x: torch.Tensor) -> tuple[int, ...]:
     return (0,) + tuple(range(2, x.dim()))
 
 
-def normalization_stats(x: torch.Tensor, y: torch.Tensor, task: str, chunk: int = 4096) -> dict:
-    """Per-channel input mean/std and per-target mean/std, computed in float64 chunk by chunk."""
+def normalization_stats(x: torch.Tensor, y: torch.Tensor, task: str, chunk_bytes: int = 16 << 20) -> dict:
+    """Per-channel input mean/std and per-target mean/std, computed in float64 slices of about ``chunk_bytes``.
+
+    Slices are cut by size, not by a row count: 4096 rows of 64 KiB images were 1.3 GiB of temporaries in every
+    trainer, more than the node's shared copy of a 1 GiB dataset (bench/RESULTS.md, datashare).
+    """
     s = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)
     ss = torch.zeros_like(s)
     count = 0
+    chunk = max(1, chunk_bytes // (8 * math.prod(x.shape[1:])))
     for i in range(0, x.shape[0], chunk):
         xb = x[i:i + chunk].double()
         s += xb.sum(dim=_channel_axes(xb))

@@ -53,12 +53,33 @@ def test_subsets_reach_only_the_nodes_that_ask():
     assert_ranks(_run(4, 2, "subset"), 4, "CASE_OK")
 
 
-def test_corrupted_piece_is_an_error_naming_piece_and_rank_on_every_rank():
-    proc = _run(3, 1, "corrupt")
+@pytest.mark.parametrize("kind", ["xxh3-64", "crc32"], ids=["xxh3", "crc32-fallback"])
+def test_corrupted_piece_is_an_error_naming_piece_and_rank_on_every_rank(kind):
+    proc = _run(3, 1, "corrupt", "--checksum", kind)
     assert sorted(re.findall(r"SHARE_ERROR rank=(\d+):", proc.stdout)) == ["0", "1", "2"], describe_run(proc)
     assert proc.stdout.count("piece 0 (x rows 0:1024, read by rank 0) arrived corrupted on rank 2") == 3
-    assert "CRC-32 mismatch in 1 of 1 block(s), the first covering bytes 0:8192 of the piece" in proc.stdout
+    assert f"{kind} checksum mismatch in 1 of 1 block(s), the first covering bytes 0:8192 of the piece" in proc.stdout
     assert "CASE_OK" not in proc.stdout
+
+
+def test_a_rank_without_xxhash_refuses_the_pieces_it_cannot_verify():
+    proc = _run(3, 1, "corrupt", "--checksum", "missing")
+    assert sorted(re.findall(r"SHARE_ERROR rank=(\d+):", proc.stdout)) == ["0", "1", "2"], describe_run(proc)
+    assert ("piece 0 (x rows 0:1024, read by rank 0) cannot be verified on rank 2 (" in proc.stdout
+            and "checksum 'xxh3-64' needs the xxhash package, which this rank lacks (pip install xxhash)"
+            in proc.stdout), describe_run(proc)
+
+
+@pytest.mark.parametrize("kind", ["xxh3-64", "crc32"])
+def test_checksum_names_the_one_corrupted_block(kind):
+    from datashare.checksums import CRC_BLOCK, checksum
+
+    buf = np.random.default_rng(3).integers(0, 256, 3 * CRC_BLOCK + 5, dtype=np.uint8)
+    clean = checksum(buf, kind)
+    buf[2 * CRC_BLOCK + 17] ^= 0x01
+    bad = checksum(buf, kind)
+    assert len(clean) == 4 and [i for i, (c, b) in enumerate(zip(clean, bad)) if c != b] == [2]
+    assert checksum(buf[:0], kind) == checksum(np.zeros(0, np.uint8), kind)
 
 
 def test_bad_values_found_by_the_reader_stop_every_rank(tmp_path):

@@ -14,7 +14,7 @@ import zlib
 
 import numpy as np
 
-from datashare import share as ds
+from datashare import checksums, share as ds
 from datashare.plan import Plan, Source, array_name, dataset_plan, split_arrays
 from datashare.share import DataShareError, open_shared, share
 from launch.mpi import node_comm, world
@@ -88,14 +88,23 @@ def case_subset(comm, node) -> None:
         assert got.nbytes == (hi - lo) * 6 * 4, (got.nbytes, lo, hi)  # the node holds its union, nothing else
 
 
-def case_corrupt(comm, node) -> None:
-    """Rank 2 flips a bit of every piece it receives before verifying it: as if the network had."""
-    if comm.rank == 2:
+def case_corrupt(comm, node, kind: str) -> None:
+    """Rank 2 flips a bit of every piece it receives before verifying it: as if the network had.
+
+    ``kind``: the checksum the reader uses (``crc32`` is the fallback without xxhash); ``missing`` makes rank 2 a
+    rank without xxhash, which must say so rather than trust the piece.
+    """
+    if kind == "missing":
+        if comm.rank == 2:
+            del checksums.CHECKSUMS["xxh3-64"]
+    else:
+        ds.CHECKSUM = kind
+    if comm.rank == 2 and kind != "missing":
         original = ds.checksum
 
-        def corrupting(buf):
+        def corrupting(buf, *kind):
             buf[len(buf) // 2] ^= 0x10
-            return original(buf)
+            return original(buf, *kind)
 
         ds.checksum = corrupting
     src = {"x": np.arange(5000, dtype=np.int64)}
@@ -114,7 +123,7 @@ def case_crash(comm, node, prefix: str, when: str) -> None:
     if when == "during":
         victim = 2  # the leader of the second node dies receiving its first piece
 
-        def dying(buf):
+        def dying(buf, *kind):
             os.kill(os.getpid(), signal.SIGKILL)
 
         if comm.rank == victim:
@@ -152,6 +161,7 @@ def main() -> None:
     p.add_argument("--prefix", default="galapagos")
     p.add_argument("--readers", default="1")
     p.add_argument("--when", default="after")
+    p.add_argument("--checksum", default="xxh3-64")
     args = p.parse_args()
     comm = world()
     node = node_comm(comm)
@@ -164,7 +174,7 @@ def main() -> None:
         elif args.case == "subset":
             case_subset(comm, node)
         elif args.case == "corrupt":
-            case_corrupt(comm, node)
+            case_corrupt(comm, node, args.checksum)
         elif args.case == "nan":
             case_nan(comm, node, args.file)
         elif args.case == "crash":
