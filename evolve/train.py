@@ -34,6 +34,9 @@ class NonFiniteLoss(FloatingPointError):
     """The loss became NaN or infinite: the candidate diverged (the trainer records it as status `nan`)."""
 
 
+MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
+
+
 @dataclass(frozen=True)
 class TrainConfig(Table):
     """The `[train]` table: how every candidate is trained (the genome holds what evolves)."""
@@ -47,6 +50,10 @@ class TrainConfig(Table):
     mixed_precision: bool = True  # on GPUs only
     builder: str = ""  # "module:function" making each network from its genome; "" = Galapagos's own (GenomeNet)
     inherited_epochs: int = 0  # epochs of a child that inherited at least half its parameters; 0 = epochs
+    memory_format: str = "auto"  # 2D/3D conv nets: "auto" (channels-last on GPUs only), "channels_last", "contiguous"
+    compile: bool = False  # torch.compile each candidate: pays only where training is long against the compile
+
+    choices = {"memory_format": MEMORY_FORMATS}
 
     def checks(self) -> list[Check]:
         return [("epochs", self.epochs >= 1, "at least 1"),
@@ -54,7 +61,9 @@ class TrainConfig(Table):
                 ("eval_batch_size", self.eval_batch_size >= 1, "at least 1"),
                 ("inherited_epochs", 0 <= self.inherited_epochs <= self.epochs, f"0 to epochs ({self.epochs})"),
                 ("grad_clip", self.grad_clip >= 0, "at least 0"),
-                ("builder", not self.builder or ":" in self.builder, "module:function, or \"\"")]
+                ("builder", not self.builder or ":" in self.builder, "module:function, or \"\""),
+                ("compile", not self.compile or hasattr(torch, "compile"),
+                 f"false: torch {torch.__version__} has no torch.compile")]
 
 
 def _channel_axes(x: torch.Tensor) -> tuple[int, ...]:
@@ -122,8 +131,11 @@ def _check_finite(total: torch.Tensor, epoch: int, batches: int) -> None:
         raise NonFiniteLoss(f"training loss is {total.item()} by epoch {epoch}, batch {batches}")
 
 
-# Forward passes of one sample timed for a candidate's latency (after two untimed ones); the median is kept.
+# Forward passes of one sample timed for a candidate's latency (after two untimed ones); the median is kept. A slow
+# network stops after 3 timed passes once they took LATENCY_SECONDS: its median is steady sooner (on a CPU the 12
+# passes of bench/train.py's 3D network took 0.4 s, 7% of its short candidate).
 LATENCY_RUNS = 10
+LATENCY_SECONDS = 0.03
 
 
 @torch.inference_mode()
@@ -140,6 +152,8 @@ def latency_ms(model: torch.nn.Module, x: torch.Tensor, device: torch.device, au
             model(sample)
             sync()
             times.append(time.perf_counter() - t0)
+            if len(times) >= 5 and sum(times[2:]) >= LATENCY_SECONDS:
+                break
     return 1000 * statistics.median(times[2:])
 
 
@@ -162,6 +176,29 @@ def _optimizer(genome: Genome, params, device: torch.device) -> torch.optim.Opti
     return cls(params, lr=genome.lr, weight_decay=genome.weight_decay, **fused)
 
 
+def memory_format(model: torch.nn.Module, device: torch.device, setting: str) -> torch.memory_format | None:
+    """Channels-last for a network with 2D or 3D convolutions where `setting` asks for it ("auto": on GPUs only, whose
+    convolution kernels run faster in it, notably tensor cores under mixed precision; on CPUs "auto" keeps today's
+    layout); None keeps the contiguous layout (1D and tabular networks have no channels-last format).
+    https://pytorch.org/tutorials/intermediate/memory_format_tutorial.html"""
+    if setting == "contiguous" or (setting == "auto" and device.type not in GPU_TYPES):
+        return None
+    dims = {m.weight.dim() for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d))}
+    return torch.channels_last_3d if 5 in dims else torch.channels_last if 4 in dims else None
+
+
+def _to_memory_format(model: torch.nn.Module, fmt: torch.memory_format) -> None:
+    """The tutorial's recipe: parameters (Module.to converts the 4D/5D ones) and every input in `fmt`; layers then
+    keep it (https://pytorch.org/tutorials/intermediate/memory_format_tutorial.html)."""
+    model.to(memory_format=fmt)
+    model.register_forward_pre_hook(lambda _, args: (args[0].contiguous(memory_format=fmt), *args[1:]))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type in GPU_TYPES:
+        getattr(torch, device.type).synchronize(device)
+
+
 def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torch.Tensor, torch.Tensor]],
                     config: TrainConfig, *, device: str | torch.device = "cpu", seed: int = 0,
                     report: Callable[[dict], None] | None = None, stats: dict | None = None,
@@ -180,6 +217,13 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     set_normalization(model, **(stats or normalization_stats(xtr, ytr, problem.task)))
     inherited = inherit_weights(model, parent) if parent else None
     model.to(device)
+    if (fmt := memory_format(model, device, config.memory_format)) is not None:
+        _to_memory_format(model, fmt)
+    # torch.compile (https://docs.pytorch.org/docs/stable/generated/torch.compile.html) compiles at the first step:
+    # seconds that pay back only over many steps. Full batches take the compiled module; the last, shorter batch of
+    # an epoch and the evaluation take the module itself (same parameters), so no shape or mode compiles again.
+    compiled = torch.compile(model) if config.compile else None
+    compile_seconds = None
     amp_dtype, autocast = _autocast_for(device, config.mixed_precision)
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
     opt = _optimizer(genome, model.parameters(), device)
@@ -210,7 +254,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                 break  # batch norm needs two samples
             xb, yb = xtr[idx], ytr[idx]
             with autocast():
-                out = model(xb)
+                out = (compiled if compiled is not None and len(idx) == genome.batch_size else model)(xb)
                 if problem.task == "classification":
                     loss = F.cross_entropy(out.float(), yb)
                 elif problem.is_dense:
@@ -234,6 +278,9 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                 sched.step()
             total += loss.detach()
             batches += 1
+            if compiled is not None and compile_seconds is None:
+                _sync(device)
+                compile_seconds = time.perf_counter() - t0  # the first step, the compile in it
             if batches % FINITE_EVERY == 0:
                 _check_finite(total, epoch, batches)
         _check_finite(total, epoch, batches)
@@ -244,7 +291,9 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
             raise NonFiniteLoss(f"validation score is {metrics['fitness']} at epoch {epoch}")
         if best is None or metrics["fitness"] > best["fitness"]:
             best = dict(metrics)
-            best_state = {k: v.detach().to("cpu", copy=True) for k, v in model.state_dict().items()}
+            # a copy on the device: no wait for it here; to the CPU once, at the end
+            best_state = {k: v.detach().clone(memory_format=torch.contiguous_format)
+                          for k, v in model.state_dict().items()}
         if report is not None:
             report(metrics)
     summary = {"fitness": best["fitness"], "best_epoch": best["epoch"], "epochs": epochs,
@@ -256,7 +305,11 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
         summary["inherited"] = round(inherited, 4)
     if amp_dtype is not None:
         summary["precision"] = str(amp_dtype).replace("torch.", "")
-    return summary, best_state
+    if fmt is not None:
+        summary["memory_format"] = str(fmt).replace("torch.", "")
+    if compile_seconds is not None:
+        summary["compile_seconds"] = round(compile_seconds, 3)
+    return summary, {k: v.to("cpu") for k, v in best_state.items()}
 
 
 class Rows:

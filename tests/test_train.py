@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from evolve.build import build_model
+from evolve.errors import ConfigError
 from evolve.genome import Genome
 from evolve.problem import Problem
 from evolve.train import NonFiniteLoss, TrainConfig, train_candidate
@@ -73,3 +74,59 @@ def test_uint8_and_float16_inputs():
     for xs in (x.clamp(0, 255).to(torch.uint8), x.half()):
         summary, _ = train_candidate(g, problem, {"train": (xs, y), "val": (xs, y)}, TrainConfig(epochs=1))
         assert np.isfinite(summary["fitness"])
+
+
+def test_memory_format_and_compile_options_are_checked():
+    with pytest.raises(ConfigError, match=r"train\.memory_format: expected one of auto, channels_last, contiguous, "
+                                        r"got 'nhwc'"):
+        TrainConfig.from_dict({"memory_format": "nhwc"})
+    with pytest.raises(ConfigError, match=r"train\.compile: expected true or false, got 'yes'"):
+        TrainConfig.from_dict({"compile": "yes"})
+    assert TrainConfig().memory_format == "auto" and TrainConfig().compile is False
+
+
+@pytest.mark.parametrize("shape,fmt", [((2, 8, 8), "channels_last"), ((1, 6, 6, 6), "channels_last_3d")])
+def test_channels_last_trains_as_the_contiguous_layout(shape, fmt):
+    """Forced on the CPU (where "auto" keeps the contiguous layout), channels-last gives the same training within
+    float32 rounding: same losses, same weights; the saved weights are contiguous either way."""
+    problem = Problem(shape, "classification", 3)
+    g = genome([{"type": "conv", "channels": 4, "kernel": 3, "stride": 1, "act": "relu"},
+                {"type": "residual", "channels": 8, "kernel": 3, "act": "relu"}], lr=1e-2)
+    data = {"train": blobs(96, shape, 3), "val": blobs(32, shape, 3, seed=1)}
+    runs = {}
+    for setting in ("auto", "channels_last", "contiguous"):
+        reports = []
+        runs[setting] = train_candidate(g, problem, data, TrainConfig(epochs=2, memory_format=setting),
+                                        report=reports.append) + (reports,)
+    (auto, auto_state, _), (cl, cl_state, cl_reports), (co, co_state, co_reports) = runs.values()
+    assert cl["memory_format"] == fmt and "memory_format" not in auto and "memory_format" not in co
+    for a, b in zip(cl_reports, co_reports):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-4)
+        assert a["val_loss"] == pytest.approx(b["val_loss"], rel=1e-4)
+    for k, v in co_state.items():
+        assert cl_state[k].is_contiguous() and auto_state[k].is_contiguous()
+        torch.testing.assert_close(cl_state[k], v, rtol=1e-3, atol=1e-4)
+        torch.testing.assert_close(auto_state[k], v, rtol=0, atol=0)  # auto is contiguous on the CPU
+    dense = train_candidate(genome([{"type": "dense", "units": 8, "act": "relu"}]), Problem((5,), "classification", 2),
+                            {"train": blobs(64, (5,), 2), "val": blobs(32, (5,), 2)},
+                            TrainConfig(epochs=1, memory_format="channels_last"))[0]
+    assert "memory_format" not in dense  # no 2D/3D convolution: nothing to change
+
+
+@pytest.fixture(scope="module")
+def inductor():
+    """torch.compile on this CPU, or a skip saying why not (it needs a working C++ compiler)."""
+    try:
+        torch.compile(lambda t: t * 2 + 1)(torch.ones(3))
+    except Exception as exc:  # noqa: BLE001 - any failure of the compiler stack means: cannot test here
+        pytest.skip(f"torch.compile does not work on this machine: {type(exc).__name__}: {str(exc)[:200]}")
+
+
+def test_a_compiled_candidate_trains_and_records_its_compile_time(inductor):
+    x, y = blobs(100, (5,), 2)  # 3 full batches of 32 (compiled) and one of 4 (the module itself)
+    g = genome([{"type": "dense", "units": 8, "act": "relu"}])
+    summary, state = train_candidate(g, Problem((5,), "classification", 2), {"train": (x, y), "val": (x, y)},
+                                     TrainConfig(epochs=2, compile=True))
+    assert np.isfinite(summary["fitness"]) and summary["fitness"] > 0.5
+    assert summary["compile_seconds"] > 0 and summary["train_seconds"] >= summary["compile_seconds"]
+    assert not any(k.startswith("_orig_mod") for k in state)  # the module's own names: loadable without compile
