@@ -101,7 +101,7 @@ def worker_main(comm: Any) -> int:
     node = node_comm(comm)
     try:
         placement = _placement(comm, node)
-        shared = share(comm, node)
+        shared = share(comm, node, want=setup.want)
     except DataShareError:
         return EXIT_BAD_INPUT  # every rank has the same error; the master reports it
     finally:
