@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 
 from .carve import carve_indices
-from .format import DatasetInfo, inspect, open_file, split_datasets, y_dtype
+from .format import DatasetInfo, check_values, inspect, open_file, split_datasets, y_dtype
 from .plan import DataShareError, Plan, Source, array_name
 
 __all__ = ["NODE", "StreamSpec", "partial_plan", "worker_want", "chunk_order", "ChunkStream"]
@@ -81,6 +81,8 @@ def partial_plan(path: str, mode: str, *, val_fraction: float = 0.1, seed: int =
             keep[val_idx] = 0
             memory = {array_name("train", "keep"): keep, array_name("val", "x"): _rows(x, val_idx, x_dtype),
                       array_name("val", "y"): _rows(y, val_idx, t_dtype)}
+            # the readers check file pieces only: these rows are checked here
+            check_values(info, "train", memory[array_name("val", "x")], memory[array_name("val", "y")])
             sizes = {"train": len(train_idx), "val": len(val_idx)}
     sources += [Source(k, a.shape, a.dtype.str) for k, a in memory.items()]
     info = dataclasses.replace(info, splits=sizes, val_from_train="val" not in info.splits)
