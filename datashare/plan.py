@@ -24,8 +24,9 @@ log = logging.getLogger(__name__)
 __all__ = ["DataShareError", "Source", "Plan", "dataset_plan", "PARTS", "array_name", "array_parts", "SplitArrays",
            "split_arrays"]
 
-#: the arrays of a split: inputs, targets, and (val carved from train) its rows of the file's train split
-PARTS = ("x", "y", "index")
+#: the arrays of a split: inputs, targets, (val carved from train) its rows of the file's train split, and (shard
+#: and stream modes, val carved) one byte per row of the file's train split, 1 for a training row (datashare.stream)
+PARTS = ("x", "y", "index", "keep")
 
 
 class DataShareError(RuntimeError):
@@ -67,6 +68,8 @@ def split_arrays(arrays: Mapping[str, np.ndarray], splits: Iterable[str] = ("tra
       ``train/x`` and ``train/y``, and ``index`` holds the rows of them that belong to the split, so its samples
       are ``x[index]`` and ``y[index]``. When val was carved, train itself is one of these: ``train/x``,
       ``train/y`` and ``train/index``.
+    - A split with a ``split/keep`` mask (datashare/stream.py, shard mode): its own ``x`` and ``y`` (a node's
+      rows of the file's train split) and ``index`` the rows whose mask is 1.
 
     A missing array, or an index that is not a 1-D integer array, raises :class:`DataShareError` naming it.
     """
@@ -84,6 +87,9 @@ def split_arrays(arrays: Mapping[str, np.ndarray], splits: Iterable[str] = ("tra
         if index is not None and (np.ndim(index) != 1 or np.asarray(index).dtype.kind not in "iu"):
             raise DataShareError(f"{index_name} must be a 1-D array of integer row numbers, got "
                                  f"{np.asarray(index).dtype} of shape {np.shape(index)}")
+        keep = arrays.get(array_name(split, "keep")) if index is None else None
+        if keep is not None:
+            index = np.flatnonzero(np.asarray(keep))
         out[split] = SplitArrays(arrays[x_name], arrays[y_name], index)
     return out
 

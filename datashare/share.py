@@ -38,6 +38,7 @@ from .checksums import CHECKSUM, CRC_BLOCK, checksum, pool as _crc_pool
 from .format import check_values
 from .layout import MAX_COUNT
 from .plan import DataShareError, Plan, Source, array_parts
+from .stream import node_rows as _node_rows, request as _request, resolve as _resolve, union as _union
 from .shm import SharedArrays
 
 log = logging.getLogger(__name__)
@@ -52,32 +53,6 @@ CHAIN_BLOCK = 4 << 20  # bytes per message of the pipelined chain between node l
 
 
 # -- requests and pieces ----------------------------------------------------------------------------------------
-def _request(plan: Plan, want: Mapping[str, Any] | None) -> dict[str, tuple[int, int]]:
-    """A rank's request as {array: (first row, end row)}; None means every array whole."""
-    full = {s.name: (0, s.shape[0] if s.shape else 1) for s in plan.sources}
-    if want is None:
-        return full
-    out = {}
-    for name, rows in want.items():
-        if name not in full:
-            raise DataShareError(f"requested array {name!r} is not shared (there are: {', '.join(full)})")
-        a, b = full[name] if rows is None else (int(rows[0]), int(rows[1]))
-        if not 0 <= a <= b <= full[name][1]:
-            raise DataShareError(f"requested rows {a}:{b} of {name!r}, which has {full[name][1]}")
-        out[name] = (a, b)
-    return out
-
-
-def _union(requests: Iterable[Mapping[str, tuple[int, int]]]) -> dict[str, tuple[int, int]]:
-    """What a node needs: per array, the rows covering every local request."""
-    out: dict[str, tuple[int, int]] = {}
-    for req in requests:
-        for name, (a, b) in req.items():
-            lo, hi = out.get(name, (a, b))
-            out[name] = (min(lo, a), max(hi, b))
-    return out
-
-
 @dataclass(frozen=True)
 class Piece:
     index: int
@@ -359,7 +334,8 @@ def share(comm: Any, node: Any, plan: Plan | None = None, *, memory: Mapping[str
           want: Mapping[str, Any] | None = None, prefix: str = "galapagos") -> Shared:
     """Deliver ``plan`` (given on rank 0, with ``memory`` for its in-memory arrays) to every rank; collective.
 
-    ``want``: None for every array whole, ``{}`` for nothing (e.g. the master), or ``{name: (start, stop) | None}``.
+    ``want``: None for every array whole, ``{}`` for nothing (e.g. the master), or ``{name: (start, stop) | None
+    | NODE}`` (NODE: this node's even share of the array's rows among the nodes whose ranks ask for it).
     Raises :class:`DataShareError` on every rank if any rank fails, with every reason.
     """
     t0 = time.perf_counter()
@@ -380,7 +356,8 @@ def share(comm: Any, node: Any, plan: Plan | None = None, *, memory: Mapping[str
         segment, result = None, None
         if is_leader:
             errors = [e for _, e in requests if e]
-            need = _union(r for r, _ in requests)
+            node_rows = _node_rows(plan, leaders, [r for r, _ in requests])
+            need = _union(_resolve(r, node_rows) for r, _ in requests)
             try:
                 if not errors:
                     segment = SharedArrays.create(_node_specs(plan, need), prefix=prefix)
@@ -396,12 +373,13 @@ def share(comm: Any, node: Any, plan: Plan | None = None, *, memory: Mapping[str
             if errors and segment is not None:
                 segment.close()
                 segment = None
-            result = (segment.descriptor() if segment else None, errors, need)
+            result = (segment.descriptor() if segment else None, errors, need, node_rows)
             for local in range(1, node.Get_size()):
                 node.send(result, dest=local, tag=TAG)
         else:
             result = _polite_recv(node)
-        descriptor, errors, need = result
+        descriptor, errors, need, node_rows = result
+        request = _resolve(request, node_rows)
         if errors:
             more = f"; and {len(errors) - 3} more" if len(errors) > 3 else ""
             raise DataShareError("data sharing failed: " + "; ".join(errors[:3]) + more)

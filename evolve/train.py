@@ -18,6 +18,7 @@ import torch.nn.functional as F
 
 from datashare.plan import split_arrays
 
+from evolve.batches import DataAccess, batch_data, epoch_batches, resident_fits, stats_sample
 from evolve.build import build_model, set_normalization
 from evolve.dense import class_counts, evaluate_dense, field_loss, field_stats, segmentation_loss
 from evolve.genome import Genome
@@ -246,15 +247,10 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     t0 = time.perf_counter()
     for epoch in range(1, epochs + 1):
         model.train()
-        order = torch.randperm(xtr.shape[0], generator=gen)[:n].to(device)
         total, batches = torch.zeros((), device=device), 0  # summed on the device: no host sync per batch
-        for i in range(0, n, genome.batch_size):
-            idx = order[i:i + genome.batch_size]
-            if idx.numel() < 2:
-                break  # batch norm needs two samples
-            xb, yb = xtr[idx], ytr[idx]
+        for xb, yb in epoch_batches(xtr, ytr, n, genome.batch_size, gen, device):
             with autocast():
-                out = (compiled if compiled is not None and len(idx) == genome.batch_size else model)(xb)
+                out = (compiled if compiled is not None and len(xb) == genome.batch_size else model)(xb)
                 if problem.task == "classification":
                     loss = F.cross_entropy(out.float(), yb)
                 elif problem.is_dense:
@@ -333,8 +329,11 @@ class Rows:
         return self.data[self.index[rows]]
 
 
-def device_data(ctx: Any, splits: tuple[str, ...] = ("train", "val")) -> dict:
-    """The shared arrays as tensors on this child's device, made once and kept for every later task."""
+def device_data(ctx: Any, splits: tuple[str, ...] = ("train", "val"), access: DataAccess = DataAccess()) -> dict:
+    """The shared arrays as tensors on this child's device, made once and kept for every later task. A training
+    split streamed from its file, or too big for the device, comes through evolve/batches.py instead."""
+    if "tensors" not in ctx.cache and (access.stream is not None or not resident_fits(ctx, splits, access)):
+        ctx.cache["tensors"] = batch_data(ctx, splits, access)
     if "tensors" not in ctx.cache:
         device = torch.device(ctx.device)
         if device.type in GPU_TYPES:
@@ -368,6 +367,7 @@ class TrainTask:
     seed: int = 0
     save: str | None = None  # where the best epoch's weights go (a state_dict); None: not saved
     inherit: str | None = None  # a parent's weights file to start from where the layers match; None: fresh
+    data: DataAccess | None = None  # how the training split is read (streamed, or batch by batch to a GPU)
 
 
 def _parent(path: str | None) -> dict | None:
@@ -384,15 +384,16 @@ def _parent(path: str | None) -> dict | None:
 
 def train_task(task: TrainTask, ctx: Any) -> dict:
     """The default task function: train, save the best epoch's weights, return {"fitness", "metrics"}."""
-    data = device_data(ctx)
+    data = device_data(ctx, access=task.data or DataAccess())
     key = ("stats", task.problem.task)
     if key not in ctx.cache:
-        ctx.cache[key] = normalization_stats(*data["train"], task.problem.task)
+        ctx.cache[key] = normalization_stats(*stats_sample(*data["train"]), task.problem.task)
     counts = None
     if task.problem.task == "segmentation" and task.genome.loss == "weighted_ce":
         ckey = ("counts", task.problem.num_outputs, task.problem.ignore_index)
-        if ckey not in ctx.cache:  # counted once per trainer child
-            ctx.cache[ckey] = class_counts(data["train"][1], task.problem.num_outputs, task.problem.ignore_index)
+        if ckey not in ctx.cache:  # counted once per trainer child (on a streamed split: on its sample)
+            ctx.cache[ckey] = class_counts(stats_sample(*data["train"])[1], task.problem.num_outputs,
+                                           task.problem.ignore_index)
         counts = ctx.cache[ckey]
     summary, state = train_candidate(task.genome, task.problem, data, task.train, device=ctx.device, seed=task.seed,
                                      report=ctx.report, stats=ctx.cache[key], parent=_parent(task.inherit),

@@ -1,11 +1,11 @@
-"""The configuration of a run: the TOML file, its six sections, and how they resolve (defaults <- file <- --set
+"""The configuration of a run: the TOML file, its seven sections, and how they resolve (defaults <- file <- --set
 <- command-line flags).
 
 This module owns the file and the tables only the application reads: `[run]` (budget, limits, the master's
-bookkeeping), `[ensemble]` and `[report]` (experiment tracking). The tables the algorithms take as parameters live
-beside them: `[space]` (evolve/space.py), `[evolution]` (evolve/engine.py) and `[train]` (evolve/train.py). All six
-share one validation style, evolve/settings.py's `Table`: field defaults give the types, `checks()` the ranges, and
-every error names `section.key`.
+bookkeeping), `[ensemble]`, `[report]` (experiment tracking) and `[data]` (how the data is held, in datamode.py).
+The tables the algorithms take as parameters live beside them: `[space]` (evolve/space.py), `[evolution]`
+(evolve/engine.py) and `[train]` (evolve/train.py). All seven share one validation style, evolve/settings.py's
+`Table`: field defaults give the types, `checks()` the ranges, and every error names `section.key`.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from evolve.errors import ConfigError
 from evolve.settings import Check, Table
 from evolve.space import SearchSpace
 from evolve.train import TrainConfig
+from galapagos.datamode import DataConfig
 
 if TYPE_CHECKING:
     from galapagos.options import EvolveOptions
@@ -106,7 +107,7 @@ class ReportConfig(Table):
 
 
 SECTIONS = {table.section: table for table in (SearchSpace, EvolutionConfig, TrainConfig, RunConfig, EnsembleConfig,
-                                                 ReportConfig)}
+                                                 ReportConfig, DataConfig)}
 
 
 @dataclass(frozen=True)
@@ -117,6 +118,7 @@ class Config:
     run: RunConfig
     ensemble: EnsembleConfig
     report: ReportConfig
+    data: DataConfig
 
     @classmethod
     def from_dict(cls, d: dict) -> "Config":

@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from datashare.format import DatasetInfo, inspect
-from datashare.plan import dataset_plan
 from datashare.share import DataShareError
 from evolve.build import check_genome, count_params
 from evolve.engine import Engine
@@ -28,9 +27,10 @@ from evolve.problem import Problem
 from evolve.settings import load_function
 from evolve.train import TrainTask
 from galapagos.config import Config, evolve_config, load_config
+from galapagos.datamode import data_memory, data_setup
 from galapagos.errors import NoResult, RunDirError, UsageError
 from galapagos.fingerprint import data_fingerprint
-from galapagos.mpijob import Flow, end_when_done, setup_logging, starting
+from galapagos.mpijob import Flow, default_workers, end_when_done, setup_logging, starting
 from galapagos.options import EvolveOptions
 from galapagos.progress import ProgressView, Snapshot
 from galapagos.reports import summarize
@@ -54,8 +54,9 @@ class EvolutionSource(JournalSource):
 
     def __init__(self, engine: Engine, config: Config, run: RunDir, problem: Problem, *,
                  deadline: float | None = None, view: ProgressView | None = None, records: list[dict] = (),
-                 spent: float = 0.0, tracker: Tracker | None = None):
+                 spent: float = 0.0, tracker: Tracker | None = None, access: Any = None):
         super().__init__(run, records, view=view, deadline=deadline, keep=False)
+        self.access = access  # how trainers read the training split (galapagos/datamode.py); None: resident
         self.tracker = tracker  # experiment tracking ([report]), if any
         self.spent = spent  # search seconds of the run's earlier jobs
         self.engine, self.config, self.run, self.problem = engine, config, run, problem
@@ -100,7 +101,7 @@ class EvolutionSource(JournalSource):
             self.inflight[cand.id]["inherits"] = parent
         self.running(cand.id)
         payload = TrainTask(cand.genome, self.problem, self.config.train, seed=self.config.run.seed * 1_000_003
-                            + cand.id, save=str(self.run.model_path(cand.id)),
+                            + cand.id, save=str(self.run.model_path(cand.id)), data=self.access,
                             inherit=None if parent is None else str(self.run.model_path(parent)))
         return Task(cand.id, payload, self.config.run.task_timeout)
 
@@ -244,6 +245,7 @@ def check(opts: EvolveOptions) -> tuple[Config, DatasetInfo, dict]:
             raise UsageError("--seed-from with --resume: the run's population was seeded when it started")
         seed_genomes(opts.seed_from, config.evolution.population_size)
     info = inspect(opts.data)
+    data_memory(config.data, config.run, info, opts.workers or default_workers())  # refuses when nothing fits
     run = RunDir.check(opts.out, resume=opts.resume)
     data = run.check_data(info, opts.data) if opts.resume else data_fingerprint(info, opts.data)
     return config, info, data
@@ -329,27 +331,25 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
         elif opts.seed_from:
             seeded = engine.seed(seed_genomes(opts.seed_from, config.evolution.population_size))
             log.info("the population starts from %d genome(s) of %s", seeded, opts.seed_from)
-        plan, memory, info = dataset_plan(opts.data, ("train", "val"), val_fraction=config.run.val_fraction,
-                                          seed=config.run.seed, chunk_bytes=config.run.chunk_mib << 20,
-                                          readers=config.run.readers or "node")
+        plan, memory, info, access, want = data_setup(config.data, config.run, opts.data, info, comm.size - 1)
     start = time.time()
     # The time budget counts the search time of every job of the run, not only this one's.
     deadline = start + 60 * config.run.budget_minutes - spent if config.run.budget_minutes else None
     tracker = Tracker.open(config.report, run.path, run.path.name)
     source = EvolutionSource(engine, config, run, problem, deadline=deadline, records=records,
-                             spent=spent, tracker=tracker)
+                             spent=spent, tracker=tracker, access=access)
     if records:
         log.info("resuming %s: %d evaluation(s) already done in %.0f s of search", run.path, len(records), spent)
     if deadline is not None and deadline <= start:
         log.info("the time budget of %g minute(s) was spent by the run's earlier jobs (%.0f s of search): ending at "
                  "once; give it more with --set run.budget_minutes=M", config.run.budget_minutes, spent)
-        plan, memory = {}, None  # nothing will train: no data to share
+        plan, memory, want = {}, None, None  # nothing will train: no data to share
     log.info("evolving networks (%s) for %s (%s, samples %s) on %d worker(s); budget: %s", config.evolution.strategy,
              opts.data, info.task, tuple(info.sample_shape), comm.size - 1,
              " and ".join(filter(None, [config.run.evaluations and f"{config.run.evaluations} evaluations",
                                         config.run.budget_minutes and f"{config.run.budget_minutes:g} minutes"])))
     try:
-        shared = master_start(comm, Setup(config.run.task, str(run.logs)), plan, memory)
+        shared = master_start(comm, Setup(config.run.task, str(run.logs), want=want), plan, memory)
     except DataShareError as exc:
         raise UsageError(str(exc)) from None
     cpu = time.process_time()

@@ -50,6 +50,7 @@ class Setup:
     task_fn: str  # 'module:function' run in the trainer child for each task
     log_dir: str | None = None
     chunk_bytes: int = 64 << 20  # for data given as in-memory arrays; a Plan carries its own
+    want: dict | None = None  # what each worker asks of the shared arrays (datashare.share.share); None: all
 
 
 @dataclass(frozen=True)

@@ -109,7 +109,7 @@ def worker_main(comm: Any) -> int:
                                 log_path=log_path)
         supervisor.start()  # the trainer child imports its task function while the data is shared
         try:
-            shared = share(comm, node)
+            shared = share(comm, node, want=setup.want)
         except BaseException:
             supervisor.stop()
             raise

@@ -38,9 +38,11 @@ def test_errors_name_the_key(sets, key):
 
 # --- one validation style for all six tables (evolve.settings.Table) ---
 BAD_TYPE = {"space": ("max_layers", "ten"), "evolution": ("seed", "abc"), "train": ("epochs", 2.5),
-            "run": ("readers", "all"), "ensemble": ("strategy", 3), "report": ("mlflow_uri", 5)}
+            "run": ("readers", "all"), "ensemble": ("strategy", 3), "report": ("mlflow_uri", 5),
+            "data": ("shm_limit_mib", "lots")}
 OUT_OF_RANGE = {"space": ("max_params", 0), "evolution": ("crossover_prob", 1.5), "train": ("eval_batch_size", 0),
-                "run": ("chunk_mib", 4096), "ensemble": ("init", 0), "report": ("mlflow_experiment", " ")}
+                "run": ("chunk_mib", 4096), "ensemble": ("init", 0), "report": ("mlflow_experiment", " "),
+                "data": ("buffer_chunks", 0)}
 
 
 @pytest.mark.parametrize("section", sorted(SECTIONS))
