@@ -13,9 +13,10 @@ kept in: every message it sends is pickled and every message it receives unpickl
 `Message.recv` do.
 
 Measured per scale, each in a fresh process: the master's CPU time per task (target: under 100 us), the workers'
-utilization over the run (busy worker-seconds over workers x wall; target: at least 99% at 27,648), the same in
-steady state (after every worker got its first task), journal lines per second of append time, and the master's
-peak resident memory.
+utilization from the start to the deadline (busy worker-seconds over workers x time; target: at least 99% at
+27,648), the same in steady state (after every worker got its first task), the seconds of the first round (every
+worker's first task sent) and of the stop after the deadline (cancelling and stopping every worker), journal
+lines per second of append time, and the master's peak resident memory.
 """
 from __future__ import annotations
 
@@ -203,11 +204,13 @@ def one(workers: int, minutes: float, median: float, sigma: float) -> dict:
         launch.runtime.time, launch.runtime.Backoff = saved
     done = source.done
     ramp = max(comm.first_task.values()) - start
+    end = min(start + wall, start + 60 * minutes)  # the deadline: what follows is the job's stop
     return {"workers": workers, "virtual_minutes": round(wall / 60, 2), "tasks": done,
             "master_cpu_us_per_task": round(1e6 * cpu / max(done, 1), 1),
-            "utilization": round(comm.utilization(start, start + wall), 4),
+            "utilization": round(comm.utilization(start, end), 4),
             "ramp_seconds": round(ramp, 2),
-            "steady_utilization": round(comm.utilization(start + ramp, start + wall), 4),
+            "steady_utilization": round(comm.utilization(start + ramp, end), 4),
+            "stop_seconds": round(start + wall - end, 2),
             "journal_lines_per_s": round(len(appends) / max(sum(appends), 1e-9)),
             "master_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             "by_status": dict(source.by_status),
