@@ -108,12 +108,6 @@ class MasterState:
         return self.slots.busy
 
 
-# The master's objects live long (the run's records, the engine's population, every running task): Python's cyclic
-# collector walked them all at each full collection, a sixth of the master's time per task at 27,648 simulated
-# workers (bench/scale.py). Once a tick they are moved out of its way (https://docs.python.org/3/library/gc.html#gc.freeze);
-# only cycles made and dropped within the tick they were frozen in are never collected.
-FREEZE = True
-
 SHORT_TASK = 1.0  # seconds: below this mean task time, dispatch latency matters and workers get a queued task
 
 # A scheduler warns a job ahead of its wall time with SIGUSR1 (Slurm --signal, LSF -wa, the job script's watchdog)
@@ -257,8 +251,11 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                 break
             if now - last_check >= tick:
                 last_check = now
-                if FREEZE:
-                    gc.freeze()  # what lived a tick is left out of later collections (see FREEZE)
+                # The master's objects live long (the engine's population, every running task): Python's cyclic
+                # collector walked them all at each full collection, 12% of the master's time per task at 27,648
+                # simulated workers (bench/scale.py). What lived a tick is moved out of its way until the loop ends
+                # (https://docs.python.org/3/library/gc.html#gc.freeze).
+                gc.freeze()
                 give_up_silent_ranks(now)
                 if len(state.lost) == state.workers:
                     log.error("every worker rank stopped answering (%s): ending the run",
@@ -290,6 +287,7 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
         stopped = [rank for rank in range(1, comm.size) if rank not in state.lost]
         for rank in stopped:
             send(Stop(), rank)
+    gc.unfreeze()
     _read_until_stopped(comm, stopped)
     state.ended = True
     source.on_tick(state)
