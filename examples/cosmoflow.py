@@ -10,15 +10,14 @@ cube of a Gaussian random field with power spectrum ``P(k) = A * (k / k_pivot) *
 
 from __future__ import annotations
 
-import argparse
 import logging
-import time
 from pathlib import Path
 
 import numpy as np
 
 from datashare.format import DatasetInfo
 from datashare.write import consecutive_splits, write_dataset
+from examples.cli import generator_main
 
 log = logging.getLogger(__name__)
 
@@ -76,17 +75,9 @@ def generate(out_path: str | Path, *, samples: int = 1500, size: int = 16, seed:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m examples.cosmoflow", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="output HDF5 file")
-    parser.add_argument("--samples", type=int, default=1500, help="number of cubes (default 1500)")
-    parser.add_argument("--size", type=int, default=16, help="cube edge length in voxels (default 16)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    args = parser.parse_args(argv)
-    t0 = time.perf_counter()
-    info = generate(args.out, samples=args.samples, size=args.size, seed=args.seed)
-    sizes = ", ".join(f"{k} {v}" for k, v in info.splits.items())
-    print(f"wrote {info.path}: regression, x {info.sample_shape} {info.x_dtype}, targets {', '.join(TARGET_NAMES)};"
-          f" {sizes} ({time.perf_counter() - t0:.1f} s)")
+    generator_main(argv, "cosmoflow", __doc__, generate,
+                   {"samples": (int, 1500, "number of cubes"), "size": (int, 16, "cube edge length in voxels")},
+                   lambda info: f"regression, x {info.sample_shape} {info.x_dtype}, targets {', '.join(TARGET_NAMES)}")
 
 
 if __name__ == "__main__":

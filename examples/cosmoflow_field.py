@@ -12,14 +12,13 @@ that downsample and come back up (an encoder-decoder) do better than a few convo
 
 from __future__ import annotations
 
-import argparse
-import time
 from pathlib import Path
 
 import numpy as np
 
 from datashare.format import DatasetInfo
 from datashare.write import consecutive_splits, write_dataset
+from examples.cli import generator_main
 from examples.cosmoflow import LOG10_AMPLITUDE_RANGE, SLOPE_RANGE, gaussian_fields
 
 TARGET_NAMES = ("potential", "smoothed_density")
@@ -63,17 +62,10 @@ def generate(out_path: str | Path, *, samples: int = 600, size: int = 16, seed: 
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m examples.cosmoflow_field", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="output HDF5 file")
-    parser.add_argument("--samples", type=int, default=600, help="number of cubes (default 600)")
-    parser.add_argument("--size", type=int, default=16, help="cube edge length in voxels (default 16)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    args = parser.parse_args(argv)
-    t0 = time.perf_counter()
-    info = generate(args.out, samples=args.samples, size=args.size, seed=args.seed)
-    sizes = ", ".join(f"{k} {v}" for k, v in info.splits.items())
-    print(f"wrote {info.path}: field, x {info.sample_shape} {info.x_dtype}, targets per voxel "
-          f"{', '.join(TARGET_NAMES)}; {sizes} ({time.perf_counter() - t0:.1f} s)")
+    generator_main(argv, "cosmoflow_field", __doc__, generate,
+                   {"samples": (int, 600, "number of cubes"), "size": (int, 16, "cube edge length in voxels")},
+                   lambda info: f"field, x {info.sample_shape} {info.x_dtype}, targets per voxel "
+                                f"{', '.join(TARGET_NAMES)}")
 
 
 if __name__ == "__main__":

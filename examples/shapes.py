@@ -9,15 +9,14 @@ fully-connected network does clearly worse: a dataset on which architecture sear
 
 from __future__ import annotations
 
-import argparse
 import logging
-import time
 from pathlib import Path
 
 import numpy as np
 
 from datashare.format import DatasetInfo
 from datashare.write import consecutive_splits, write_dataset
+from examples.cli import generator_main
 
 log = logging.getLogger(__name__)
 
@@ -83,18 +82,10 @@ def generate(out_path: str | Path, *, samples: int = 3000, size: int = 16, noise
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m examples.shapes", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="output HDF5 file")
-    parser.add_argument("--samples", type=int, default=3000, help="number of images (default 3000)")
-    parser.add_argument("--size", type=int, default=16, help="image edge length in pixels (default 16)")
-    parser.add_argument("--noise", type=float, default=0.25, help="Gaussian noise sigma (default 0.25)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    args = parser.parse_args(argv)
-    t0 = time.perf_counter()
-    info = generate(args.out, samples=args.samples, size=args.size, noise=args.noise, seed=args.seed)
-    sizes = ", ".join(f"{k} {v}" for k, v in info.splits.items())
-    print(f"wrote {info.path}: classification, {info.num_classes} classes, x {info.sample_shape} {info.x_dtype};"
-          f" {sizes} ({time.perf_counter() - t0:.1f} s)")
+    generator_main(argv, "shapes", __doc__, generate,
+                   {"samples": (int, 3000, "number of images"), "size": (int, 16, "image edge length in pixels"),
+                    "noise": (float, 0.25, "Gaussian noise sigma")},
+                   lambda info: f"classification, {info.num_classes} classes, x {info.sample_shape} {info.x_dtype}")
 
 
 if __name__ == "__main__":

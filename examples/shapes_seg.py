@@ -11,14 +11,13 @@ disk from a ring, or a bar from a cross, needs context around a pixel: an encode
 
 from __future__ import annotations
 
-import argparse
-import time
 from pathlib import Path
 
 import numpy as np
 
 from datashare.format import DatasetInfo
 from datashare.write import consecutive_splits, write_dataset
+from examples.cli import generator_main
 from examples.shapes import CLASS_NAMES, _render
 
 IGNORE = 255
@@ -53,18 +52,11 @@ def generate(out_path: str | Path, *, samples: int = 1500, size: int = 16, noise
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m examples.shapes_seg", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="output HDF5 file")
-    parser.add_argument("--samples", type=int, default=1500, help="number of images (default 1500)")
-    parser.add_argument("--size", type=int, default=16, help="image edge length in pixels (default 16)")
-    parser.add_argument("--noise", type=float, default=0.25, help="Gaussian noise sigma (default 0.25)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    args = parser.parse_args(argv)
-    t0 = time.perf_counter()
-    info = generate(args.out, samples=args.samples, size=args.size, noise=args.noise, seed=args.seed)
-    sizes = ", ".join(f"{k} {v}" for k, v in info.splits.items())
-    print(f"wrote {info.path}: segmentation, {info.num_classes} classes per pixel, x {info.sample_shape} "
-          f"{info.x_dtype}; {sizes} ({time.perf_counter() - t0:.1f} s)")
+    generator_main(argv, "shapes_seg", __doc__, generate,
+                   {"samples": (int, 1500, "number of images"), "size": (int, 16, "image edge length in pixels"),
+                    "noise": (float, 0.25, "Gaussian noise sigma")},
+                   lambda info: f"segmentation, {info.num_classes} classes per pixel, x {info.sample_shape} "
+                                f"{info.x_dtype}")
 
 
 if __name__ == "__main__":

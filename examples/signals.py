@@ -12,14 +12,13 @@ architecture search has something to find.
 
 from __future__ import annotations
 
-import argparse
-import time
 from pathlib import Path
 
 import numpy as np
 
 from datashare.format import DatasetInfo
 from datashare.write import consecutive_splits, write_dataset
+from examples.cli import generator_main
 
 CLASS_NAMES = ("sine_low", "sine_high", "chirp_up", "chirp_down", "square", "sawtooth", "bump", "biphasic",
                "double_pulse", "ringing")
@@ -75,18 +74,10 @@ def generate(out_path: str | Path, *, samples: int = 4000, length: int = 128, no
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m examples.signals", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="output HDF5 file")
-    parser.add_argument("--samples", type=int, default=4000, help="number of traces (default 4000)")
-    parser.add_argument("--length", type=int, default=128, help="points per trace (default 128)")
-    parser.add_argument("--noise", type=float, default=0.3, help="Gaussian noise sigma (default 0.3)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    args = parser.parse_args(argv)
-    t0 = time.perf_counter()
-    info = generate(args.out, samples=args.samples, length=args.length, noise=args.noise, seed=args.seed)
-    sizes = ", ".join(f"{k} {v}" for k, v in info.splits.items())
-    print(f"wrote {info.path}: classification, {info.num_classes} classes, x {info.sample_shape} {info.x_dtype};"
-          f" {sizes} ({time.perf_counter() - t0:.1f} s)")
+    generator_main(argv, "signals", __doc__, generate,
+                   {"samples": (int, 4000, "number of traces"), "length": (int, 128, "points per trace"),
+                    "noise": (float, 0.3, "Gaussian noise sigma")},
+                   lambda info: f"classification, {info.num_classes} classes, x {info.sample_shape} {info.x_dtype}")
 
 
 if __name__ == "__main__":

@@ -12,14 +12,13 @@ reward regularisation: a dataset on which architecture search has something to f
 
 from __future__ import annotations
 
-import argparse
-import time
 from pathlib import Path
 
 import numpy as np
 
 from datashare.format import DatasetInfo
 from datashare.write import consecutive_splits, write_dataset
+from examples.cli import generator_main
 
 INFORMATIVE = 7
 COPIES = 2  # noisy copies of x0 and x3
@@ -58,17 +57,10 @@ def generate(out_path: str | Path, *, samples: int = 6000, noise: float = 1.0, s
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m examples.tabular", description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, help="output HDF5 file")
-    parser.add_argument("--samples", type=int, default=6000, help="number of rows (default 6000)")
-    parser.add_argument("--noise", type=float, default=1.0, help="Gaussian noise sigma of the target (default 1.0)")
-    parser.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
-    args = parser.parse_args(argv)
-    t0 = time.perf_counter()
-    info = generate(args.out, samples=args.samples, noise=args.noise, seed=args.seed)
-    sizes = ", ".join(f"{k} {v}" for k, v in info.splits.items())
-    print(f"wrote {info.path}: regression, x {info.sample_shape} {info.x_dtype}, target y; {sizes}"
-          f" ({time.perf_counter() - t0:.1f} s)")
+    generator_main(argv, "tabular", __doc__, generate,
+                   {"samples": (int, 6000, "number of rows"),
+                    "noise": (float, 1.0, "Gaussian noise sigma of the target")},
+                   lambda info: f"regression, x {info.sample_shape} {info.x_dtype}, target y")
 
 
 if __name__ == "__main__":
