@@ -52,18 +52,23 @@ def gaussian_fields(rng: np.random.Generator, log10_amplitude: np.ndarray, slope
     return np.fft.irfftn(modes, s=(size, size, size), axes=(1, 2, 3)).astype(np.float32)
 
 
-def generate(out_path: str | Path, *, samples: int = 1500, size: int = 16, seed: int = 0,
-             fractions: tuple[float, float, float] = (0.7, 0.15, 0.15)) -> DatasetInfo:
-    """Write the dataset (train/val/test) to ``out_path``; deterministic for a given seed and size."""
-    if size < 4:
-        raise ValueError(f"size must be at least 4, got {size}")
-    rng = np.random.default_rng(seed)
+def draw_cubes(rng: np.random.Generator, samples: int, size: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`samples` cubes (samples, 1, size, size, size) float32 and the log10 A and n each was drawn with."""
     log_a = rng.uniform(*LOG10_AMPLITUDE_RANGE, size=samples)
     slope = rng.uniform(*SLOPE_RANGE, size=samples)
     x = np.empty((samples, 1, size, size, size), dtype=np.float32)
     for a in range(0, samples, _BATCH):
         b = min(samples, a + _BATCH)
         x[a:b, 0] = gaussian_fields(rng, log_a[a:b], slope[a:b], size)
+    return x, log_a, slope
+
+
+def generate(out_path: str | Path, *, samples: int = 1500, size: int = 16, seed: int = 0,
+             fractions: tuple[float, float, float] = (0.7, 0.15, 0.15)) -> DatasetInfo:
+    """Write the dataset (train/val/test) to ``out_path``; deterministic for a given seed and size."""
+    if size < 4:
+        raise ValueError(f"size must be at least 4, got {size}")
+    x, log_a, slope = draw_cubes(np.random.default_rng(seed), samples, size)
     y = np.stack([log_a, slope], axis=1).astype(np.float32)
 
     splits = consecutive_splits(x, y, fractions)

@@ -19,7 +19,7 @@ import numpy as np
 from datashare.format import DatasetInfo
 from datashare.write import consecutive_splits, write_dataset
 from examples.cli import generator_main
-from examples.cosmoflow import LOG10_AMPLITUDE_RANGE, SLOPE_RANGE, gaussian_fields
+from examples.cosmoflow import LOG10_AMPLITUDE_RANGE, SLOPE_RANGE, draw_cubes
 
 TARGET_NAMES = ("potential", "smoothed_density")
 SMOOTHING = 1.5  # voxels
@@ -44,15 +44,10 @@ def generate(out_path: str | Path, *, samples: int = 600, size: int = 16, seed: 
     """Write the dataset (train/val/test) to ``out_path``; deterministic for a given seed and size."""
     if size < 4:
         raise ValueError(f"size must be at least 4, got {size}")
-    rng = np.random.default_rng(seed)
-    log_a = rng.uniform(*LOG10_AMPLITUDE_RANGE, size=samples)
-    slope = rng.uniform(*SLOPE_RANGE, size=samples)
-    x = np.empty((samples, 1, size, size, size), dtype=np.float32)
+    x, _, _ = draw_cubes(np.random.default_rng(seed), samples, size)
     y = np.empty((samples, 2, size, size, size), dtype=np.float32)
-    for a in range(0, samples, _BATCH):
-        b = min(samples, a + _BATCH)
-        x[a:b, 0] = gaussian_fields(rng, log_a[a:b], slope[a:b], size)
-        y[a:b] = targets(x[a:b, 0].astype(np.float64))
+    for a in range(0, samples, _BATCH):  # in batches: the FFTs work in float64
+        y[a:a + _BATCH] = targets(x[a:a + _BATCH, 0].astype(np.float64))
     return write_dataset(
         out_path, consecutive_splits(x, y, fractions), task="field", name="cosmoflow-field",
         description=(f"Gaussian random density fields on a {size}^3 grid (log10 A in {LOG10_AMPLITUDE_RANGE}, n in "
