@@ -49,15 +49,20 @@ def test_examples_write_valid_dense_files(seg_file, field_file, tmp_path) -> Non
     assert proc.returncode == 0 and proc.stdout.startswith(f"wrote {out}: segmentation, 7 classes"), proc.stderr
 
 
-@pytest.mark.parametrize("workers", [1, 3])
-def test_segmentation_evolves_predicts_and_reports(seg_file, tmp_path, workers) -> None:
-    out = tmp_path / "run"
-    proc = run_mpi(workers + 1, ["-m", "galapagos.cli", "evolve", "--data", seg_file, "--out", out,
-                                 "--evaluations", 5, *SMALL], timeout=240)
+def evolved(data: Path, out: Path, workers: int) -> list[dict]:
+    """Five evaluations on `workers` worker ranks, every one journalled by one of them; the records that succeeded."""
+    proc = run_mpi(workers + 1, ["-m", "galapagos.cli", "evolve", "--data", data, "--out", out, "--evaluations", 5,
+                                 *SMALL], timeout=240)
     assert proc.returncode == 0, describe_run(proc)
     records = journal(out)
     assert len(records) == 5 and {r["rank"] for r in records} <= set(range(1, workers + 1))
-    ok = [r for r in records if r["status"] == "ok"]
+    return [r for r in records if r["status"] == "ok"]
+
+
+@pytest.mark.parametrize("workers", [1, 3])
+def test_segmentation_evolves_predicts_and_reports(seg_file, tmp_path, workers) -> None:
+    out = tmp_path / "run"
+    ok = evolved(seg_file, out, workers)
     assert ok and all(r["fitness"] == r["metrics"]["val_miou"] and len(r["metrics"]["val_iou"]) == 7 for r in ok)
     pred = galapagos("predict", "--model", out, "--data", seg_file, "--json", "--save", tmp_path / "p.h5")
     assert pred.returncode == 0, pred.stderr
@@ -90,12 +95,7 @@ def test_segmentation_evolves_predicts_and_reports(seg_file, tmp_path, workers) 
 @pytest.mark.parametrize("workers", [1, 3])
 def test_field_regression_evolves_predicts_and_reports(field_file, tmp_path, workers) -> None:
     out = tmp_path / "run"
-    proc = run_mpi(workers + 1, ["-m", "galapagos.cli", "evolve", "--data", field_file, "--out", out,
-                                 "--evaluations", 5, *SMALL], timeout=240)
-    assert proc.returncode == 0, describe_run(proc)
-    records = journal(out)
-    assert len(records) == 5 and {r["rank"] for r in records} <= set(range(1, workers + 1))
-    ok = [r for r in records if r["status"] == "ok"]
+    ok = evolved(field_file, out, workers)
     assert ok and all(r["fitness"] == r["metrics"]["val_r2"] and len(r["metrics"]["val_mse_per_target"]) == 2
                       for r in ok)
     pred = galapagos("predict", "--model", out, "--data", field_file, "--json")
