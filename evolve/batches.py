@@ -22,7 +22,7 @@ from datashare.plan import array_name, split_arrays
 from datashare.stream import ChunkStream, StreamSpec
 
 __all__ = ["DataAccess", "DEVICE_MODES", "HostRows", "StreamBatches", "epoch_batches", "stats_sample",
-           "fits_device", "resident_fits", "batch_data"]
+           "fits_device", "resident_fits", "batch_data", "child_device", "GPU_TYPES"]
 
 #: how the training split reaches a GPU: auto (whole when it fits in half the free device memory), whole, batches
 DEVICE_MODES = ("auto", "whole", "batches")
@@ -154,9 +154,13 @@ def stats_sample(x: Any, y: Any) -> tuple[Any, Any]:
     return x.sample() if isinstance(x, StreamBatches) else (x, y)
 
 
-def _device(ctx: Any) -> torch.device:
+GPU_TYPES = ("cuda", "xpu")  # NVIDIA and AMD (ROCm's torch keeps the name "cuda"), Intel (torch's XPU backend)
+
+
+def child_device(ctx: Any) -> torch.device:
+    """This trainer child's device, made its current one on a GPU."""
     device = torch.device(ctx.device)
-    if device.type in ("cuda", "xpu"):
+    if device.type in GPU_TYPES:
         getattr(torch, device.type).set_device(device)
     return device
 
@@ -164,7 +168,7 @@ def _device(ctx: Any) -> torch.device:
 def resident_fits(ctx: Any, splits: tuple[str, ...], access: DataAccess) -> bool:
     """Whether the shared arrays of ``splits`` go to this child's device whole (evolve.train.device_data)."""
     arrays = {id(a): a for s in split_arrays(ctx.data, splits).values() for a in (s.x, s.y)}
-    return fits_device(sum(a.nbytes for a in arrays.values()), _device(ctx), access.device)
+    return fits_device(sum(a.nbytes for a in arrays.values()), child_device(ctx), access.device)
 
 
 def _rows_to(x: np.ndarray, index: np.ndarray | None, device: torch.device) -> torch.Tensor:
@@ -175,7 +179,7 @@ def batch_data(ctx: Any, splits: tuple[str, ...], access: DataAccess) -> dict:
     """The splits of a trainer child whose training split does not go to its device whole: streamed from its file
     (``access.stream``) or gathered batch by batch from the shared copy; the other splits are moved whole (their
     rows only)."""
-    device = _device(ctx)
+    device = child_device(ctx)
     others = tuple(s for s in splits if s != "train")
     tensors = {s: (_rows_to(a.x, a.index, device), _rows_to(a.y, a.index, device))
                for s, a in split_arrays(ctx.data, others).items()}

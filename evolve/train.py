@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from datashare.plan import split_arrays
 
-from evolve.batches import DataAccess, batch_data, epoch_batches, resident_fits, stats_sample
+from evolve.batches import (GPU_TYPES, DataAccess, batch_data, child_device, epoch_batches, resident_fits,
+                            stats_sample)
 from evolve.build import build_model, set_normalization
 from evolve.dense import class_counts, evaluate_dense, field_loss, field_stats, segmentation_loss
 from evolve.genome import Genome
@@ -119,7 +120,6 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, task: str
             "fitness": r2.mean().item()}
 
 
-GPU_TYPES = ("cuda", "xpu")  # NVIDIA and AMD (ROCm's torch keeps the name "cuda"), Intel (torch's XPU backend)
 
 
 # Batches between looks at the summed training loss. Each look waits for the device (a host sync); once a batch,
@@ -144,14 +144,13 @@ def latency_ms(model: torch.nn.Module, x: torch.Tensor, device: torch.device, au
     """Milliseconds for one sample's forward pass on `device`, in eval mode and the training's precision: what the
     objective `latency` minimises (evolve/pareto.py)."""
     model.eval()
-    sync = getattr(torch, device.type).synchronize if device.type in GPU_TYPES else (lambda: None)
     sample, times = x[0:1], []
     with autocast():
         for _ in range(LATENCY_RUNS + 2):
-            sync()
+            _sync(device)
             t0 = time.perf_counter()
             model(sample)
-            sync()
+            _sync(device)
             times.append(time.perf_counter() - t0)
             if len(times) >= 5 and sum(times[2:]) >= LATENCY_SECONDS:
                 break
@@ -335,9 +334,7 @@ def device_data(ctx: Any, splits: tuple[str, ...] = ("train", "val"), access: Da
     if "tensors" not in ctx.cache and (access.stream is not None or not resident_fits(ctx, splits, access)):
         ctx.cache["tensors"] = batch_data(ctx, splits, access)
     if "tensors" not in ctx.cache:
-        device = torch.device(ctx.device)
-        if device.type in GPU_TYPES:
-            getattr(torch, device.type).set_device(device)
+        device = child_device(ctx)
         moved: dict[int, torch.Tensor] = {}  # each shared array goes to the device once, though two splits use it
 
         def to_device(array):
