@@ -62,7 +62,7 @@ def chunk_rows(info: DatasetInfo, chunk_mib: int) -> int:
 
 def _row_bytes(info: DatasetInfo) -> int:
     x = math.prod(info.sample_shape) * np.dtype(info.x_dtype).itemsize
-    return x + y_dtype(info.task).itemsize * (info.num_targets if info.task == "regression" else 1)
+    return x + y_dtype(info.task).itemsize * math.prod(info.y_sample_shape)  # a label per pixel for dense tasks
 
 
 @dataclass(frozen=True)

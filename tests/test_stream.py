@@ -55,6 +55,16 @@ def test_auto_picks_resident_when_it_fits(big_file):
     assert plan.needs["resident"][0] == 1300 * (1024 + 8) + 8 * 1300  # both splits' rows and the carved indices
 
 
+def test_the_plan_counts_dense_targets_per_pixel(tmp_path):
+    from examples import cosmoflow_field, shapes_seg
+
+    seg, field = tmp_path / "seg.h5", tmp_path / "field.h5"
+    shapes_seg.generate(seg, samples=100, size=12, seed=0)  # train 70, val 15: 1x12x12 float32, int64 per pixel
+    cosmoflow_field.generate(field, samples=100, size=4, seed=0)  # 1x4x4x4 float32, 2 float32 per voxel
+    assert memory_plan(inspect(seg), "auto", limit_mib=64).needs["resident"][0] == (70 + 15) * (144 * 4 + 144 * 8)
+    assert memory_plan(inspect(field), "auto", limit_mib=64).needs["resident"][0] == (70 + 15) * (64 * 4 + 128 * 4)
+
+
 def test_auto_streams_past_the_limit_and_shards_over_nodes(big_file):
     info = inspect(big_file)
     assert memory_plan(info, "auto", workers=2, nodes=1, limit_mib=LIMIT_MIB).mode == "stream"
