@@ -60,7 +60,7 @@ def partial_plan(path: str, mode: str, *, val_fraction: float = 0.1, seed: int =
     info = inspect(path)
     n = info.splits["train"]
     x_dtype, t_dtype = np.dtype(info.x_dtype), y_dtype(info.task)
-    targets = (info.num_targets,) if info.task == "regression" else ()
+    targets = info.y_sample_shape  # as datashare.plan: () labels, (T,) targets, a label or T targets per pixel
     sources, memory = [], {}
     with open_file(path) as f:
         x, y = split_datasets(f, str(path), "train")

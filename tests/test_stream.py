@@ -63,6 +63,9 @@ def test_the_plan_counts_dense_targets_per_pixel(tmp_path):
     cosmoflow_field.generate(field, samples=100, size=4, seed=0)  # 1x4x4x4 float32, 2 float32 per voxel
     assert memory_plan(inspect(seg), "auto", limit_mib=64).needs["resident"][0] == (70 + 15) * (144 * 4 + 144 * 8)
     assert memory_plan(inspect(field), "auto", limit_mib=64).needs["resident"][0] == (70 + 15) * (64 * 4 + 128 * 4)
+    for mode in ("shard", "stream"):  # and the shard and stream plans share y with its per-pixel shape
+        shapes = {s.name: s.shape for s in partial_plan(str(seg), mode)[0].sources}
+        assert shapes["val/y"] == (15, 12, 12) and shapes.get("train/y", (70, 12, 12)) == (70, 12, 12)
 
 
 def test_auto_streams_past_the_limit_and_shards_over_nodes(big_file):
