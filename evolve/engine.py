@@ -50,6 +50,10 @@ class EvolutionConfig(Table):
     ``objectives``: what the search optimises (evolve/pareto.py); more than one makes it NSGA-II.
     ``inherit``: a bred child starts from its first parent's trained weights where the layers match
     (evolve/inherit.py); the run keeps the weights of the population for it.
+    ``immigrants``: the share of asks after the initial population that are random genomes instead of children
+    (random immigrants, Grefenstette 1992). Children that inherit weights beat fresh networks trained as long, so
+    without them the population closes on its first good lineage; with them a run keeps sampling the whole space,
+    and a newcomer that beats the lineage joins the population.
     """
 
     section = "evolution"
@@ -63,6 +67,7 @@ class EvolutionConfig(Table):
     seed: int = 0
     objectives: tuple[str, ...] = ("fitness",)
     inherit: bool = True  # children start from a parent's trained weights where the layers match
+    immigrants: float = 0.25  # share of random genomes among the asks after the initial population
 
     def normalise(self) -> dict[str, Any]:
         return {"mutations": (self.mutations, self.mutations)} if is_int(self.mutations) else {}
@@ -74,6 +79,7 @@ class EvolutionConfig(Table):
             ("tournament_size", 1 <= self.tournament_size <= self.population_size,
              f"an integer in [1, population_size={self.population_size}]"),
             ("crossover_prob", 0.0 <= self.crossover_prob <= 1.0, "a probability in [0, 1]"),
+            ("immigrants", 0.0 <= self.immigrants < 1.0, "a share in [0, 1)"),
             ("mutations", len(m) == 2 and all(is_int(v) for v in m) and 1 <= m[0] <= m[1],
              "an integer >= 1 or [low, high] with 1 <= low <= high"),
             ("objectives", "fitness" in self.objectives and len(set(self.objectives)) == len(self.objectives),
@@ -180,13 +186,14 @@ class Engine:
     # --- ask / tell ---
     def ask(self) -> Candidate:
         """The next candidate to evaluate: the seed genomes first, then random until ``population_size`` have
-        been asked, then bred."""
+        been asked, then bred (a share ``immigrants`` of them random)."""
         cid = self._next_id
         rng = random.Random(f"galapagos:{self.config.seed}:{cid}")
         random_phase = (
             self.config.strategy == "random"
             or self.num_told + len(self._pending) < self.config.population_size
             or not (self._elite if self.multi_objective else self._population)
+            or rng.random() < self.config.immigrants
         )
         if self._seeds:
             genome, parents, origin = self._seeds.popleft(), (), "seed"

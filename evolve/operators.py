@@ -175,9 +175,17 @@ def _choose_other(rng: random.Random, options: Sequence[T], current: T) -> T | N
     return rng.choice(others) if others else None
 
 
+SGD_LR_FACTOR = 10.0  # momentum SGD's learning rate against Adam's for the same steps (evolve.space.random_lr)
+
+
 def _mutate_optimizer(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome | None:
+    """Another optimiser; between SGD and Adam(W) the learning rate moves by SGD_LR_FACTOR (within the space), as
+    one would retune it, so that the child is not judged on a learning rate meant for the other."""
     new = _choose_other(rng, space.optimizers, genome.optimizer)
-    return None if new is None else genome.replace(optimizer=new)
+    if new is None:
+        return None
+    factor = SGD_LR_FACTOR if new == "sgd" else 1 / SGD_LR_FACTOR if genome.optimizer == "sgd" else 1.0
+    return genome.replace(optimizer=new, lr=min(max(genome.lr * factor, space.lr[0]), space.lr[1]))
 
 
 def _log_step(rng: random.Random, value: float, low: float, high: float, sigma: float = 0.5) -> float:

@@ -61,8 +61,10 @@ class EvolutionSource(JournalSource):
         self.spent = spent  # search seconds of the run's earlier jobs
         self.engine, self.config, self.run, self.problem = engine, config, run, problem
         self.inflight: dict[int, dict] = {}  # id -> what the record needs besides the result
-        # epoch -> best fitness by then of each finished candidate, kept sorted: the median is read, not sorted for
-        self.by_epoch: dict[int, list[float]] = defaultdict(list)
+        # (inherited weights?, epoch) -> best fitness by then of each finished candidate, kept sorted: the median is
+        # read, not sorted for. Candidates are judged against peers that started as they did: a child that inherits
+        # trained weights starts ahead of any fresh network, which would be pruned against it.
+        self.by_epoch: dict[tuple[bool, int], list[float]] = defaultdict(list)
         self.best: dict | None = None
         self.top: list[tuple[float, int]] = []  # (fitness, id) of the best evaluations: their weights are kept
         self.held: set[int] = set()  # evaluations whose weights are in models/
@@ -144,8 +146,9 @@ class EvolutionSource(JournalSource):
         if self.front is not None:
             self._place(record, live)
         curve = record.get("curve", [])
+        inherited = record.get("inherits") is not None
         for epoch in range(1, len(curve) + 1):
-            bisect.insort(self.by_epoch[epoch], max(curve[:epoch]))
+            bisect.insort(self.by_epoch[inherited, epoch], max(curve[:epoch]))
         bisect.insort(self.top, (-record["fitness"], record["id"]))
         del self.top[self.config.run.keep_models:]
         self.held.add(record["id"])
@@ -213,9 +216,10 @@ class EvolutionSource(JournalSource):
             "members": sorted(self.front_rows.values(), key=lambda m: (-m["fitness"], m["id"]))})
 
     def judge(self, task_id: int) -> Status | None:
-        """Median stopping: a candidate whose best so far is below the median of finished ones at this epoch."""
+        """Median stopping: a candidate whose best so far is below the median of finished ones at this epoch (those
+        that inherited weights, or those that did not, as it did)."""
         curve, run = self.curves[task_id], self.config.run
-        peers = self.by_epoch.get(len(curve), [])
+        peers = self.by_epoch.get(("inherits" in self.inflight[task_id], len(curve)), [])
         if (run.prune and run.prune_after <= len(curve) < self.config.train.epochs
                 and len(peers) >= run.prune_min_results and max(curve) < _median(peers)):
             return Status.PRUNED

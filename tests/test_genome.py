@@ -449,3 +449,12 @@ def test_genomes_that_cannot_build_are_refused_as_the_module_refuses_them(layers
     assert _built_params(genome, problem) is None
     with pytest.raises(InvalidGenome, match=words):
         count_params(genome, problem)
+
+
+def test_random_sgd_learning_rates_come_from_the_upper_half_of_the_range():
+    space, rng = SearchSpace(lr=(1e-4, 1e-2)), random.Random(3)
+    genomes = [space.random_genome(rng, PROBLEMS[0]) for _ in range(400)]
+    sgd = [g.lr for g in genomes if g.optimizer == "sgd"]
+    adam = [g.lr for g in genomes if g.optimizer != "sgd"]
+    assert sgd and all(1e-3 * 0.999 <= lr <= 1e-2 for lr in sgd)  # sqrt(1e-4 * 1e-2) = 1e-3
+    assert min(adam) < 2e-4 and max(adam) > 5e-3  # Adam over the whole range

@@ -183,3 +183,15 @@ def test_crossover_draws_as_deap_does():
             theirs = {name: getattr(a if rng.random() < 0.5 else b, name)
                       for name in ("optimizer", "lr", "batch_size", "weight_decay", "head")}
             assert ours == Genome(layers=tuple(spatial) + tuple(dense), **theirs)
+
+
+def test_optimizer_mutation_retunes_the_learning_rate_between_sgd_and_adam():
+    problem = PROBLEMS[0]
+    space = SearchSpace(optimizers=("adam", "sgd"), lr=(1e-4, 3e-2))
+    adam = Genome(layers=(Gene("dense", units=8, act="relu"),), optimizer="adam", lr=1e-3)
+    sgd = MUTATIONS["optimizer"][0](adam, space, problem, random.Random(0))
+    assert (sgd.optimizer, sgd.lr) == ("sgd", 1e-2)
+    back = MUTATIONS["optimizer"][0](sgd, space, problem, random.Random(0))
+    assert (back.optimizer, back.lr) == ("adam", 1e-3)
+    high = MUTATIONS["optimizer"][0](adam.replace(lr=2e-2), space, problem, random.Random(0))
+    assert high.lr == 3e-2  # clipped to the space

@@ -173,3 +173,30 @@ def test_a_cancelled_task_is_not_journalled(tmp_path):
     result(source, t, Status.CANCELLED, None)
     assert [r["id"] for r in journal(tmp_path)] == [0, 1, 2]
     assert source.snapshot().done == 3 and not source.finished()
+
+
+def _asked(source: EvolutionSource, inheriting: bool) -> Task:
+    """The next task that does (or does not) start from a parent's weights; others stay pending."""
+    for _ in range(200):
+        t = task(source)
+        if ("inherits" in source.inflight[t.id]) == inheriting:
+            return t
+    raise AssertionError(f"no {'inheriting' if inheriting else 'fresh'} task in 200 asks")
+
+
+def test_fresh_and_inheriting_candidates_are_judged_against_their_own_kind(tmp_path):
+    # three fresh peers (median 0.5), then half the asks are random immigrants, half children that inherit
+    source = with_peers(tmp_path, "evolution.population_size=3", "evolution.tournament_size=2",
+                        "evolution.immigrants=0.5")
+    child = _asked(source, inheriting=True)
+    assert report(source, child, [0.1, 0.1]) == [None, None]  # no inheriting peer has finished: not judged yet
+    result(source, child, Status.OK, 0.1)
+    for _ in range(3):  # inheriting peers start where their parents ended: their median is 0.9
+        t = _asked(source, inheriting=True)
+        report(source, t, [0.9] * 6)
+        result(source, t, Status.OK, 0.9)
+    fresh, child = _asked(source, inheriting=False), _asked(source, inheriting=True)
+    assert report(source, fresh, [0.6, 0.6, 0.6]) == [None, None, None]  # above the fresh median, not pruned
+    assert report(source, child, [0.6, 0.6]) == [None, Status.PRUNED]  # below its own kind's
+    records = {r["id"]: r for r in journal(tmp_path)}
+    assert all(("inherits" in records[i]) for i in records if records[i]["curve"] == [0.9] * 6)
