@@ -191,8 +191,8 @@ class SearchSpace(Table):
     def random_lr(self, rng: random.Random, optimizer: str = "adam") -> float:
         """Log-uniform over ``lr``; for SGD over its upper half only. Momentum SGD needs steps about ten times Adam's
         (its step is the learning rate times the gradient, Adam's about the learning rate itself): in bench/search.py's
-        random searches SGD below the range's geometric middle never reached the top quartile on signals or shapes,
-        Adam did. Mutations still move an SGD learning rate over the whole range."""
+        random searches on signals and shapes, none of 85 SGD networks below the default range's geometric middle
+        reached the top quartile, against 26 of 173 Adam(W) ones. Mutations still move it over the whole range."""
         low, high = self.lr
         return _log_uniform(rng, math.sqrt(low * high) if optimizer == "sgd" else low, high)
 

@@ -248,7 +248,8 @@ def test_replay_of_short_journal_stays_in_random_phase_and_ignores_duplicates():
 @pytest.mark.parametrize("problem, seeds", [(TABULAR, range(8)), (IMAGE, range(5))], ids=["tabular", "2d"])
 def test_evolution_beats_random_search(problem, seeds):
     """Same budget of 300 evaluations: regularized evolution finds a better best than random search. Without
-    immigrants: the synthetic fitness has no inherited weights, the lineages they keep the population from closing on."""
+    immigrants: the synthetic fitness has no inherited weights, whose lineages they keep the population from
+    closing on."""
     space = SearchSpace(max_layers=10)
 
     def best(strategy, seed):
