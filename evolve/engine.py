@@ -36,13 +36,10 @@ __all__ = ["Candidate", "Engine", "EvolutionConfig", "ORIGINS", "STRATEGIES"]
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("evolution", "random")
-ORIGINS = ("random", "mutation", "crossover", "immigrant")
+ORIGINS = ("random", "mutation", "crossover")
 # Bounded retries before giving up on a fresh genome: breeding first, then random sampling.
 _BREED_TRIES = 50
 _RANDOM_TRIES = 200
-# What an immigrant takes from a tournament winner: how to train suits a dataset across architectures far more than
-# one architecture does, and a random network with a random learning rate is rarely worth training (bench/search.py).
-IMMIGRANT_GENES = ("optimizer", "lr", "batch_size", "weight_decay", "loss")
 
 
 @dataclass(frozen=True)
@@ -53,10 +50,10 @@ class EvolutionConfig(Table):
     ``objectives``: what the search optimises (evolve/pareto.py); more than one makes it NSGA-II.
     ``inherit``: a bred child starts from its first parent's trained weights where the layers match
     (evolve/inherit.py); the run keeps the weights of the population for it.
-    ``immigrants``: the share of asks after the initial population that are random networks instead of children
-    (random immigrants, Grefenstette 1992), trained as a tournament winner is (its optimizer, learning rate, batch
-    size, weight decay and loss). Children that inherit weights beat fresh networks trained as long, so without
-    them the population closes on its first good lineage; with them a run keeps sampling architectures.
+    ``immigrants``: the share of asks after the initial population that are random genomes instead of children
+    (random immigrants, Grefenstette 1992). Children that inherit weights beat fresh networks trained as long, so
+    without them the population closes on its first good lineage; with them a run keeps sampling the whole space,
+    and a newcomer that beats the lineage joins the population.
     """
 
     section = "evolution"
@@ -189,19 +186,17 @@ class Engine:
     # --- ask / tell ---
     def ask(self) -> Candidate:
         """The next candidate to evaluate: the seed genomes first, then random until ``population_size`` have
-        been asked, then bred (a share ``immigrants`` of them immigrants: random networks trained as a parent is)."""
+        been asked, then bred (a share ``immigrants`` of them random)."""
         cid = self._next_id
         rng = random.Random(f"galapagos:{self.config.seed}:{cid}")
         random_phase = (
             self.config.strategy == "random"
             or self.num_told + len(self._pending) < self.config.population_size
             or not (self._elite if self.multi_objective else self._population)
+            or rng.random() < self.config.immigrants
         )
-        immigrant = not random_phase and rng.random() < self.config.immigrants
         if self._seeds:
             genome, parents, origin = self._seeds.popleft(), (), "seed"
-        elif immigrant:
-            genome, parents, origin = self._random(rng, self._select(1, rng)[0].genome), (), "immigrant"
         else:
             bred = None if random_phase else self._breed(rng)
             genome, parents, origin = bred if bred is not None else (self._random(rng), (), "random")
@@ -267,15 +262,11 @@ class Engine:
             self._best = (candidate.id, candidate.genome, value)
         log.debug("told %d (%s): fitness %s", candidate.id, status, value)
 
-    def _random(self, rng: random.Random, trained_like: Genome | None = None) -> Genome:
-        """A new random network; `trained_like`: with that genome's training genes (an immigrant)."""
+    def _random(self, rng: random.Random) -> Genome:
         last_error: InvalidGenome | None = None
         for _ in range(_RANDOM_TRIES):
-            genome = self.space.random_genome(rng, self.problem)
-            if trained_like is not None:
-                genome = genome.replace(**{g: getattr(trained_like, g) for g in IMMIGRANT_GENES})
             try:
-                genome = check_genome(genome, self.problem, self.space)
+                genome = check_genome(self.space.random_genome(rng, self.problem), self.problem, self.space)
             except InvalidGenome as e:
                 last_error = e
                 continue
