@@ -76,6 +76,11 @@ def _as_vector(name: str, value: Any, n: int, like: torch.Tensor) -> torch.Tenso
     return t.to(like.device)
 
 
+def _nonzero(std: torch.Tensor) -> torch.Tensor:
+    """Zero (or tiny) standard deviations become 1, so that constant channels do not blow up."""
+    return torch.where(std.abs() < 1e-12, torch.ones_like(std), std)
+
+
 def set_normalization(
     model: Normalized,
     x_mean: Any,
@@ -88,10 +93,10 @@ def set_normalization(
     Zero (or tiny) standard deviations become 1 so that constant channels do not blow up.
     """
     c = model.x_mean.numel()
-    std = _as_vector("x_std", x_std, c, model.x_std)
+    std = _nonzero(_as_vector("x_std", x_std, c, model.x_std))
     with torch.no_grad():
         model.x_mean.copy_(_as_vector("x_mean", x_mean, c, model.x_mean))
-        model.x_std.copy_(torch.where(std.abs() < 1e-12, torch.ones_like(std), std))
+        model.x_std.copy_(std)
     if y_mean is None and y_std is None:
         return
     if not getattr(model, "regression", False):
@@ -101,5 +106,4 @@ def set_normalization(
         if y_mean is not None:
             model.y_mean.copy_(_as_vector("y_mean", y_mean, t, model.y_mean))
         if y_std is not None:
-            ys = _as_vector("y_std", y_std, t, model.y_std)
-            model.y_std.copy_(torch.where(ys.abs() < 1e-12, torch.ones_like(ys), ys))
+            model.y_std.copy_(_nonzero(_as_vector("y_std", y_std, t, model.y_std)))

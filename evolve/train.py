@@ -120,8 +120,6 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, task: str
             "fitness": r2.mean().item()}
 
 
-
-
 # Batches between looks at the summed training loss. Each look waits for the device (a host sync); once a batch,
 # it kept the CPU from queueing work ahead of a GPU. A diverged candidate is caught at most this many batches late.
 FINITE_EVERY = 64
@@ -382,16 +380,17 @@ def _parent(path: str | None) -> dict | None:
 def train_task(task: TrainTask, ctx: Any) -> dict:
     """The default task function: train, save the best epoch's weights, return {"fitness", "metrics"}."""
     data = device_data(ctx, access=task.data or DataAccess())
-    key = ("stats", task.problem.task)
-    if key not in ctx.cache:
-        ctx.cache[key] = normalization_stats(*stats_sample(*data["train"]), task.problem.task)
-    counts = None
-    if task.problem.task == "segmentation" and task.genome.loss == "weighted_ce":
-        ckey = ("counts", task.problem.num_outputs, task.problem.ignore_index)
-        if ckey not in ctx.cache:  # counted once per trainer child (on a streamed split: on its sample)
-            ctx.cache[ckey] = class_counts(stats_sample(*data["train"])[1], task.problem.num_outputs,
-                                           task.problem.ignore_index)
-        counts = ctx.cache[ckey]
+    problem = task.problem
+    key = ("stats", problem.task)
+    ckey = (("counts", problem.num_outputs, problem.ignore_index)  # segmentation's weighted_ce: pixels per class
+            if problem.task == "segmentation" and task.genome.loss == "weighted_ce" else None)
+    if key not in ctx.cache or (ckey is not None and ckey not in ctx.cache):
+        xs, ys = stats_sample(*data["train"])  # once per trainer child (a streamed split: read from the file)
+        if key not in ctx.cache:
+            ctx.cache[key] = normalization_stats(xs, ys, problem.task)
+        if ckey is not None and ckey not in ctx.cache:
+            ctx.cache[ckey] = class_counts(ys, problem.num_outputs, problem.ignore_index)
+    counts = None if ckey is None else ctx.cache[ckey]
     summary, state = train_candidate(task.genome, task.problem, data, task.train, device=ctx.device, seed=task.seed,
                                      report=ctx.report, stats=ctx.cache[key], parent=_parent(task.inherit),
                                      counts=counts)
