@@ -16,7 +16,7 @@ from torch import nn
 
 from .dense import Decoder, decoder_params, skip_points
 from .errors import InvalidGenome
-from .genome import DENSE_PART_TYPES, SPATIAL_TYPES, Gene, Genome
+from .genome import DENSE_PART_TYPES, SPATIAL_TYPES, Gene, Genome, dense_start
 from .normalize import BuiltNet, Normalized, set_normalization
 from .problem import Problem
 from .settings import load_function
@@ -120,9 +120,7 @@ class GenomeNet(Normalized):
         self.features = nn.Sequential(*features)
         self.decoder: Decoder | None = None
         if problem.is_dense:
-            if dense_genes:
-                raise InvalidGenome(f"layer {split} ({dense_genes[0].describe()}) has no place in a network with an "
-                                    f"output per pixel ({problem.task})")
+            _no_dense_part(genome.layers, split, problem)
             points = skip_points(spatial_genes, problem.channels, tuple(problem.spatial_shape))
             self.skip_at = frozenset(i for i, _ in points)
             self.decoder = Decoder([c for _, c in points], channels, problem.num_outputs, nd)
@@ -241,10 +239,7 @@ def _shape_count(genome: Genome, problem: Problem) -> int:
             raise InvalidGenome(f"layer {i} ({gene.describe()}) cannot come before the head")
         shape = spatial_shape_after(gene, shape)
     if problem.is_dense:
-        if split < genome.num_layers:
-            gene = genome.layers[split]
-            raise InvalidGenome(f"layer {split} ({gene.describe()}) has no place in a network with an output per "
-                                f"pixel ({problem.task})")
+        _no_dense_part(genome.layers, split, problem)
         skips = [ch for _, ch in skip_points(genome.layers, problem.channels, tuple(problem.spatial_shape))]
         return params + decoder_params(skips, c, problem.num_outputs, nd)
     width = c * math.prod(shape) if nd > 0 and genome.head == "flatten" else c
@@ -258,6 +253,13 @@ def _shape_count(genome: Genome, problem: Problem) -> int:
         elif gene.type == "norm":
             params += 2 * width
     return params + width * problem.num_outputs + problem.num_outputs
+
+
+def _no_dense_part(layers: Sequence[Gene], split: int, problem: Problem) -> None:
+    """A network with an output per pixel ends in its decoder: a gene after the spatial part is invalid."""
+    if split < len(layers):
+        raise InvalidGenome(f"layer {split} ({layers[split].describe()}) has no place in a network with an output "
+                            f"per pixel ({problem.task})")
 
 
 def _head_features(channels: int, shape: Sequence[int], head: str) -> int:
@@ -276,7 +278,7 @@ def _repair(genome: Genome, problem: Problem, space: SearchSpace) -> Genome:
         layers = [g for g in layers if g.type not in SPATIAL_TYPES]
         head = space.heads[0]  # no head on tabular data: one canonical value, so no duplicate genomes
     else:
-        split = next((i for i, g in enumerate(layers) if g.type == "dense"), len(layers))
+        split = dense_start(layers)
         spatial = []
         shape = tuple(problem.spatial_shape)
         for gene in layers[:split]:
@@ -297,7 +299,7 @@ def _repair(genome: Genome, problem: Problem, space: SearchSpace) -> Genome:
         if light:
             del layers[light[-1]]
             continue
-        split = next((i for i, g in enumerate(layers) if g.type == "dense"), len(layers))
+        split = dense_start(layers)
         del layers[split - 1 if split > len(layers) - split else len(layers) - 1]
     if len(layers) < space.min_layers and problem.is_dense and "conv" in space.layer_types:
         kernel = 3 if 3 in space.kernels else space.kernels[0]
@@ -314,7 +316,7 @@ def _repair(genome: Genome, problem: Problem, space: SearchSpace) -> Genome:
 
     if nd > 0 and head == "flatten" and not problem.is_dense:
         channels, shape = problem.channels, tuple(problem.spatial_shape)
-        split = next((i for i, g in enumerate(layers) if g.type == "dense"), len(layers))
+        split = dense_start(layers)
         for gene in layers[:split]:
             if gene.type in ("conv", "residual"):
                 channels = gene["channels"]

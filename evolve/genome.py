@@ -22,7 +22,7 @@ import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterator, Sequence
 
 from .errors import InvalidGenome
 from .settings import is_int
@@ -42,6 +42,7 @@ __all__ = [
     "POOL_OPS",
     "SPATIAL_TYPES",
     "TRAINING_GENES",
+    "dense_start",
 ]
 
 ACTIVATIONS = ("relu", "gelu", "silu", "tanh", "elu", "leaky_relu")
@@ -257,6 +258,11 @@ def _fmt_float(x: float) -> str:
     return f"{mantissa}e{int(exp)}"
 
 
+def dense_start(layers: Sequence[Gene]) -> int:
+    """Index of the first dense gene in `layers` (their length if none)."""
+    return next((i for i, gene in enumerate(layers) if gene.type == "dense"), len(layers))
+
+
 @dataclass(frozen=True, eq=False)
 class Genome:
     """A network hyper-architecture and how to train it; equal and hashed by :attr:`key`."""
@@ -321,10 +327,7 @@ class Genome:
     @property
     def dense_start(self) -> int:
         """Index of the first dense gene (``num_layers`` if none): where the head sits for spatial problems."""
-        for i, gene in enumerate(self.layers):
-            if gene.type == "dense":
-                return i
-        return len(self.layers)
+        return dense_start(self.layers)
 
     def sections(self) -> tuple[tuple[Gene, ...], tuple[Gene, ...]]:
         """(genes before the first dense gene, genes from it on)."""
