@@ -75,8 +75,7 @@ class Supervisor:
         self.conn = parent
 
     def _spawn(self) -> None:
-        if self.proc is None:
-            self._launch()
+        self.start()
         self._handshake()
 
     def _handshake(self) -> None:
