@@ -15,12 +15,9 @@ import torch
 from datashare.format import validate
 from examples import cosmoflow_field, shapes_seg
 from tests.mpirun import REPO, describe_run, run_mpi
-from tests.test_evolve_run import galapagos, journal
+from tests.test_evolve_run import SMALL, galapagos, journal  # SMALL's space.units: no dense genes here
 
 pytestmark = pytest.mark.mpi
-
-SMALL = ["--set", "train.epochs=2", "--set", "space.max_layers=4", "--set", "space.channels=[4, 8]",
-         "--set", "evolution.population_size=4", "--set", "run.task_timeout=60.0"]
 
 
 @pytest.fixture(scope="module")
