@@ -31,6 +31,7 @@ import numpy as np
 import torch
 
 from datashare.layout import MAX_COUNT
+from datashare.rules import CLASS_TASKS
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +90,7 @@ def member_output(model: torch.nn.Module, x: np.ndarray, task: str, device: str 
     dense tasks: (B, K, *spatial), (B, T, *spatial))."""
     with torch.inference_mode():
         out = model(torch.from_numpy(np.ascontiguousarray(x)).to(device)).float()
-        return (out.softmax(1) if task in ("classification", "segmentation") else out).cpu().numpy()
+        return (out.softmax(1) if task in CLASS_TASKS else out).cpu().numpy()
 
 
 def _entropy(p: np.ndarray) -> np.ndarray:

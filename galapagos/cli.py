@@ -7,6 +7,7 @@ import shlex
 import signal
 import sys
 
+from datashare.rules import CLASS_TASKS
 from galapagos import api
 from galapagos.errors import EXIT_NO_RESULT, EXIT_USAGE, NoResult
 from galapagos.mpijob import JobFailed, WorkerExit, setup_logging, user_errors
@@ -99,7 +100,7 @@ def cmd_predict(args) -> int:
         show(json.dumps(result, sort_keys=True))
         return 0
     ensemble = "uncertainty" in result
-    classes = result["task"] in ("classification", "segmentation")
+    classes = result["task"] in CLASS_TASKS
     keys = metric_keys(result["task"])
     count = f" of {len(result['members'])}" if "members" in result else ""
     what = f", ensemble{count} on {result['ranks']} rank(s)" if ensemble else ""

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from datashare.rules import CLASS_TASKS
 from ensemble.store import is_ensemble, load_manifest
 from galapagos.errors import UsageError
 
@@ -41,7 +42,7 @@ def exportable(model: str | Path) -> tuple[torch.nn.Module, tuple[int, ...], str
         module: torch.nn.Module = load_ensemble(model)
     else:
         net, _, problem = load_network(model)
-        module = Probabilities(net) if problem.task in ("classification", "segmentation") else net
+        module = Probabilities(net) if problem.task in CLASS_TASKS else net
     return module.eval(), problem.sample_shape, problem.task
 
 
@@ -69,7 +70,7 @@ def export(model: str | Path, out: str | Path, fmt: str = "torchscript") -> dict
             _onnx(module, example, batch, out)
     return {"model": str(model), "out": str(out), "format": fmt, "task": task, "input": [None, *shape],
             "output": [None, *outputs],
-            "outputs": "probabilities" if task in ("classification", "segmentation") else "predictions"}
+            "outputs": "probabilities" if task in CLASS_TASKS else "predictions"}
 
 
 def _onnx(module: torch.nn.Module, example: torch.Tensor, batch, out: Path) -> None:

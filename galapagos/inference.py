@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import torch
 
-from datashare.format import DataError, DatasetInfo, load
+from datashare.format import CLASS_TASKS, DataError, DatasetInfo, load
 from ensemble.average import Averaged, assigned, average, first_error, member_output
 from ensemble.metrics import classification_metrics, field_metrics, regression_metrics, segmentation_metrics
 from ensemble.store import EnsembleError, Manifest, is_ensemble, load_manifest, member_dir
@@ -86,8 +86,7 @@ def predict(model_path: str | Path, data: str | Path, split: str = "test", *, sa
     metrics = score(problem.task, out, y, info)
     if save:
         with h5py.File(save, "w") as f:
-            f.create_dataset("probabilities" if problem.task in ("classification", "segmentation") else "predictions",
-                             data=out)
+            f.create_dataset("probabilities" if problem.task in CLASS_TASKS else "predictions", data=out)
             if problem.task == "segmentation":  # the map itself: the most probable class per pixel
                 f.create_dataset("labels", data=out.argmax(1).astype(np.int64))
             f.create_dataset("y", data=y)
@@ -193,7 +192,7 @@ def predict_ensemble(root: str | Path, data: str | Path, split: str = "test", *,
 
 def _uncertainty(avg: Averaged, info: DatasetInfo) -> dict:
     """Means over the samples: entropy and mutual information (classes), between-member std (regression)."""
-    if avg.task in ("classification", "segmentation"):  # means over samples (and pixels)
+    if avg.task in CLASS_TASKS:  # means over samples (and pixels)
         return {"entropy": float(avg.entropy.mean()) if len(avg.entropy) else float("nan"),
                 "mutual_information": float(avg.mutual_information.mean()) if len(avg.entropy) else float("nan")}
     std = avg.std.reshape(len(avg.std), avg.std.shape[1], -1)  # (N, T, pixels); one pixel for regression
@@ -205,7 +204,7 @@ def _uncertainty(avg: Averaged, info: DatasetInfo) -> dict:
 def _save(path: str | Path, avg: Averaged, y: np.ndarray, info: DatasetInfo, *, root, data, split, names,
           weights) -> None:
     """Predictions and uncertainties per sample, each member's outputs, the truth, and where they came from."""
-    classes = avg.task in ("classification", "segmentation")
+    classes = avg.task in CLASS_TASKS
     with h5py.File(path, "w") as f:
         f.create_dataset("probabilities" if classes else "predictions", data=avg.mean)
         if avg.task == "segmentation":
@@ -296,7 +295,7 @@ class Ensemble(torch.nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         outs = [m(x).float() for m in self.members]
-        if self.task in ("classification", "segmentation"):
+        if self.task in CLASS_TASKS:
             outs = [o.softmax(1) for o in outs]
         return sum(w * o for w, o in zip(self.weights, outs))
 
