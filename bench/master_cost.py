@@ -25,18 +25,19 @@ from evolve.build import build_model, count_params
 from evolve.engine import Engine
 from evolve.problem import Problem
 from galapagos.config import load_config
-from galapagos.evolution import EvolutionSource
+from galapagos.evolution import EvolutionSource, breeder
 from galapagos.rundir import RunDir
 from launch.protocol import Result, Status
 
 SUMMIT_RATE = 27_648 / 60  # tasks per second: every GPU of Summit on one-minute candidates
 
 
-def timed_source(tmp: str, problem: Problem, config) -> tuple[EvolutionSource, list[float]]:
-    """Rank 0's evolution source on a new run directory under `tmp`, and the list that gets the seconds of each
-    journal append it makes."""
+def timed_source(tmp: str, problem: Problem, config, workers: int = 1) -> tuple[EvolutionSource, list[float]]:
+    """Rank 0's evolution source for a job of `workers` on a new run directory under `tmp`, and the list that gets
+    the seconds of each journal append it makes."""
     run = RunDir.open(Path(tmp) / "run", resume=False)
-    source = EvolutionSource(Engine(config.space, problem, config.evolution), config, run, problem)
+    engine = breeder(Engine(config.space, problem, config.evolution), config, workers)
+    source = EvolutionSource(engine, config, run, problem)
     appends, original = [], run.append
 
     def timed_append(record: dict) -> None:

@@ -21,7 +21,6 @@ lines per second of append time, and the master's peak resident memory.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import heapq
 import itertools
 import json
@@ -36,6 +35,7 @@ import time
 
 import launch.runtime
 from bench.master_cost import timed_source
+from evolve.ahead import START_WAIT, Ahead
 from evolve.problem import Problem
 from galapagos.config import load_config
 from launch.protocol import Cancel, Progress, Ready, Result, Status, Stop, Stopped, Task
@@ -51,6 +51,10 @@ class Clock:
     def __init__(self) -> None:
         self.offset = 0.0
         self.sim_cpu = 0.0  # CPU seconds spent simulating the workers (not the master's)
+        self.asides = 0
+        self._began: list[tuple[float, float]] = []
+        self.leak = 0.0
+        self.leak = self._calibrate()
 
     def time(self) -> float:
         return time.time() + self.offset
@@ -58,15 +62,35 @@ class Clock:
     def jump(self, to: float) -> None:
         self.offset += max(0.0, to - self.time())
 
-    @contextlib.contextmanager
-    def aside(self):
-        """Time spent in this block is the simulated workers': it moves neither the clock nor the master's CPU."""
-        wall, cpu = time.perf_counter(), time.process_time()
-        try:
-            yield
-        finally:
-            self.offset -= time.perf_counter() - wall
-            self.sim_cpu += time.process_time() - cpu
+    def aside(self) -> "Clock":
+        """`with clock.aside():` time spent in the block is the simulated workers': it moves neither the clock nor
+        the master's CPU."""
+        return self
+
+    def __enter__(self) -> None:
+        self._began.append((time.perf_counter(), time.process_time()))
+
+    def __exit__(self, *exc) -> None:
+        cpu, wall = time.process_time(), time.perf_counter()
+        began_wall, began_cpu = self._began.pop()
+        self.offset -= wall - began_wall
+        self.sim_cpu += cpu - began_cpu
+        self.asides += 1
+
+    def _calibrate(self, n: int = 200_000) -> float:
+        """CPU seconds an empty `aside` costs outside its own measurement (a few per task, about 1 us each): the
+        simulation's, not the master's, taken off with `simulation_cpu`."""
+        offset, sim, cpu = self.offset, self.sim_cpu, time.process_time()
+        for _ in range(n):
+            with self.aside():
+                pass
+        leak = (time.process_time() - cpu - (self.sim_cpu - sim)) / n
+        self.offset, self.sim_cpu, self.asides = offset, sim, 0
+        return leak
+
+    def simulation_cpu(self) -> float:
+        """CPU seconds the simulated workers took, with what measuring them cost."""
+        return self.sim_cpu + self.asides * self.leak
 
 
 class Message:
@@ -173,7 +197,7 @@ class SimComm:
         self.free_at[rank] = end
 
 
-def one(workers: int, minutes: float, median: float, sigma: float) -> dict:
+def one(workers: int, minutes: float, median: float, sigma: float, breeder_workers: int | None = None) -> dict:
     """One scale, in this process: the master served for `minutes` of virtual time."""
     clock = Clock()
     comm = SimComm(workers, clock, median, sigma, seed=0)
@@ -189,17 +213,25 @@ def one(workers: int, minutes: float, median: float, sigma: float) -> dict:
                 clock.jump(when)
 
     problem = Problem((3, 32, 32), "classification", 10)
-    config = load_config(None, ["evolution.population_size=64", "run.task_timeout=600"])
+    config = load_config(None, ["evolution.population_size=64", "run.task_timeout=600"]
+                         + ([] if breeder_workers is None else [f"evolution.breeder_workers={breeder_workers}"]))
     saved = launch.runtime.time, launch.runtime.Backoff
     launch.runtime.time, launch.runtime.Backoff = clock, Backoff  # master_serve reads time.time() only
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            source, appends = timed_source(tmp, problem, config)
+            source, appends = timed_source(tmp, problem, config, workers)
+            if isinstance(source.engine, Ahead):  # its start overlaps sharing the data in a run: let it start
+                source.engine.up.poll(START_WAIT)
             start = clock.time()
             cpu = time.process_time()
-            state = launch.runtime.master_serve(comm, source, deadline=start + 60 * minutes, prefetch=0)
-            cpu = time.process_time() - cpu - clock.sim_cpu
+            try:
+                state = launch.runtime.master_serve(comm, source, deadline=start + 60 * minutes, prefetch=0)
+            finally:
+                source.engine.close()
+            cpu = time.process_time() - cpu - clock.simulation_cpu()
             wall = clock.time() - start
+            helper = resource.getrusage(resource.RUSAGE_CHILDREN)  # the breeding helper, if any
+            helper_cpu = helper.ru_utime + helper.ru_stime
     finally:
         launch.runtime.time, launch.runtime.Backoff = saved
     done = source.done
@@ -207,6 +239,7 @@ def one(workers: int, minutes: float, median: float, sigma: float) -> dict:
     end = min(start + wall, start + 60 * minutes)  # the deadline: what follows is the job's stop
     return {"workers": workers, "virtual_minutes": round(wall / 60, 2), "tasks": done,
             "master_cpu_us_per_task": round(1e6 * cpu / max(done, 1), 1),
+            "breeder_cpu_us_per_task": round(1e6 * helper_cpu / max(done, 1), 1),
             "utilization": round(comm.utilization(start, end), 4),
             "ramp_seconds": round(ramp, 2),
             "steady_utilization": round(comm.utilization(start + ramp, end), 4),
@@ -224,14 +257,18 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--minutes", type=float, default=5.0, help="virtual minutes of search per scale")
     p.add_argument("--median", type=float, default=60.0, help="median seconds of a task")
     p.add_argument("--sigma", type=float, default=0.6, help="lognormal sigma of task seconds (tail)")
+    p.add_argument("--breeder-workers", type=int, default=None,
+                   help="[evolution] breeder_workers (default: the configuration's)")
     p.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a single scale, in this process
     args = p.parse_args(argv)
     if args.one:
-        print(json.dumps(one(args.workers[0], args.minutes, args.median, args.sigma)), flush=True)
+        print(json.dumps(one(args.workers[0], args.minutes, args.median, args.sigma, args.breeder_workers)), flush=True)
         return
     for n in args.workers:
         proc = subprocess.run([sys.executable, "-m", "bench.scale", "--one", "--workers", str(n), "--minutes",
-                               str(args.minutes), "--median", str(args.median), "--sigma", str(args.sigma)],
+                               str(args.minutes), "--median", str(args.median), "--sigma", str(args.sigma)]
+                              + ([] if args.breeder_workers is None else ["--breeder-workers",
+                                                                          str(args.breeder_workers)]),
                               capture_output=True, text=True)
         if proc.returncode:
             raise SystemExit(f"bench.scale --workers {n} failed:\n{proc.stderr}")

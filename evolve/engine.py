@@ -54,6 +54,9 @@ class EvolutionConfig(Table):
     (random immigrants, Grefenstette 1992). Children that inherit weights beat fresh networks trained as long, so
     without them the population closes on its first good lineage; with them a run keeps sampling the whole space,
     and a newcomer that beats the lineage joins the population.
+    ``breeder_workers``: a job with at least this many workers breeds its children ahead in a helper process on
+    rank 0's node (evolve/ahead.py), which takes breeding off rank 0's path per task but makes the run depend on
+    timing as well as on its seed; 0 never does.
     """
 
     section = "evolution"
@@ -68,6 +71,7 @@ class EvolutionConfig(Table):
     objectives: tuple[str, ...] = ("fitness",)
     inherit: bool = True  # children start from a parent's trained weights where the layers match
     immigrants: float = 0.25  # share of random genomes among the asks after the initial population
+    breeder_workers: int = 256  # from this many workers on, a helper process breeds ahead (evolve/ahead.py); 0: never
 
     def normalise(self) -> dict[str, Any]:
         return {"mutations": (self.mutations, self.mutations)} if is_int(self.mutations) else {}
@@ -80,6 +84,7 @@ class EvolutionConfig(Table):
              f"an integer in [1, population_size={self.population_size}]"),
             ("crossover_prob", 0.0 <= self.crossover_prob <= 1.0, "a probability in [0, 1]"),
             ("immigrants", 0.0 <= self.immigrants < 1.0, "a share in [0, 1)"),
+            ("breeder_workers", is_int(self.breeder_workers) and self.breeder_workers >= 0, "an integer >= 0"),
             ("mutations", len(m) == 2 and all(is_int(v) for v in m) and 1 <= m[0] <= m[1],
              "an integer >= 1 or [low, high] with 1 <= low <= high"),
             ("objectives", "fitness" in self.objectives and len(set(self.objectives)) == len(self.objectives),
@@ -89,12 +94,14 @@ class EvolutionConfig(Table):
 
 @dataclass(frozen=True)
 class Candidate:
-    """A genome handed out for evaluation, with where it came from (parent ids; random/mutation/crossover)."""
+    """A genome handed out for evaluation, with where it came from (parent ids; random/mutation/crossover) and,
+    when whoever bred it counted them (evolve/ahead.py), its parameters."""
 
     id: int
     genome: Genome
     parents: tuple[int, ...] = ()
     origin: str = "random"
+    params: int | None = None
 
 
 def _clean_fitness(fitness: float | None) -> float | None:
@@ -206,6 +213,14 @@ class Engine:
         self._seen.add(genome.key)
         return candidate
 
+    def adopt(self, candidate: Candidate) -> None:
+        """Take a candidate bred elsewhere from a copy of this engine (evolve/ahead.py) as if asked here."""
+        if candidate.origin == "seed" and self._seeds:
+            self._seeds.popleft()
+        self._next_id = max(self._next_id, candidate.id + 1)
+        self._pending[candidate.id] = candidate
+        self._seen.add(candidate.genome.key)
+
     def tell(self, candidate_id: int, fitness: float | None, status: str = "ok", values: Values | None = None
              ) -> None:
         """Report a result. ``fitness`` None (failed, timeout, NaN, crash) or non-finite counts as the worst.
@@ -248,6 +263,9 @@ class Engine:
             self._record(candidate, rec.get("fitness"), rec.get("status", "ok"), values)
             applied += 1
         return applied
+
+    def close(self) -> None:
+        """Nothing to release (an :class:`evolve.ahead.Ahead` stops its helper)."""
 
     # --- internals ---
     def _record(self, candidate: Candidate, fitness: float | None, status: str, values: Values | None) -> None:

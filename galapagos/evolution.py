@@ -17,6 +17,7 @@ from typing import Any
 
 from datashare.format import DatasetInfo, inspect
 from datashare.share import DataShareError
+from evolve.ahead import Ahead
 from evolve.build import check_genome, count_params
 from evolve.engine import Engine
 from evolve.errors import InvalidGenome, SearchExhausted
@@ -52,7 +53,7 @@ CLOCK_EVERY = 10.0
 class EvolutionSource(JournalSource):
     """Asks the engine for a child whenever a worker is free, and records every result the moment it arrives."""
 
-    def __init__(self, engine: Engine, config: Config, run: RunDir, problem: Problem, *,
+    def __init__(self, engine: Engine | Ahead, config: Config, run: RunDir, problem: Problem, *,
                  deadline: float | None = None, view: ProgressView | None = None, records: list[dict] = (),
                  spent: float = 0.0, tracker: Tracker | None = None, access: Any = None):
         super().__init__(run, records, view=view, deadline=deadline, keep=False)
@@ -95,9 +96,10 @@ class EvolutionSource(JournalSource):
             self.exhausted = str(exc)
             self.view.message(f"ending the run early: {exc}")
             return None
+        params = cand.params if cand.params is not None else count_params(cand.genome, self.problem,
+                                                                           self.config.train.builder)
         self.inflight[cand.id] = {"parents": list(cand.parents), "origin": cand.origin,
-                                  "genome": cand.genome.to_json(), "key": cand.genome.key,
-                                  "params": count_params(cand.genome, self.problem, self.config.train.builder)}
+                                  "genome": cand.genome.to_json(), "key": cand.genome.key, "params": params}
         parent = next((p for p in cand.parents if p in self.held), None) if self.config.evolution.inherit else None
         if parent is not None:
             self.inflight[cand.id]["inherits"] = parent
@@ -335,6 +337,7 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
         elif opts.seed_from:
             seeded = engine.seed(seed_genomes(opts.seed_from, config.evolution.population_size))
             log.info("the population starts from %d genome(s) of %s", seeded, opts.seed_from)
+        engine = breeder(engine, config, comm.size - 1)
         plan, memory, info, access, want = data_setup(config.data, config.run, opts.data, info, comm.size - 1)
     start = time.time()
     # The time budget counts the search time of every job of the run, not only this one's.
@@ -355,6 +358,7 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
     try:
         shared = master_start(comm, Setup(config.run.task, str(run.logs), want=want), plan, memory)
     except DataShareError as exc:
+        engine.close()
         raise UsageError(str(exc)) from None
     cpu = time.process_time()
     serve_start = time.time()
@@ -364,6 +368,7 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
     finally:
         shared.close()
         run.close()
+        engine.close()
         if tracker is not None:
             tracker.close()
     run.prune_models(source.kept())  # what cancelled tasks wrote before their trainers were stopped
@@ -389,6 +394,13 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
     if source.best is None and not stopped:
         raise NoResult(result)
     return result
+
+
+def breeder(engine: Engine, config: Config, workers: int) -> Engine | Ahead:
+    """What rank 0 asks for children: with `[evolution] breeder_workers` workers or more, a helper process that
+    breeds them ahead (evolve/ahead.py); else the engine itself."""
+    n = config.evolution.breeder_workers
+    return Ahead(engine, config.train.builder) if 0 < n <= workers else engine
 
 
 def prefetch(setting: int, workers: int) -> int | None:

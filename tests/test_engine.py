@@ -68,6 +68,7 @@ def test_config_defaults_and_round_trip():
         ({"crossover_prob": 1.5}, "crossover_prob"),
         ({"crossover_prob": "0.3"}, "crossover_prob"),
         ({"immigrants": 1.0}, "immigrants"),
+        ({"breeder_workers": -1}, "breeder_workers"),
         ({"mutations": [2, 1]}, "mutations"),
         ({"mutations": 0}, "mutations"),
         ({"seed": "abc"}, "seed"),

@@ -171,6 +171,22 @@ def test_self_start_and_random_strategy(shapes_file, tmp_path):
     assert {r["rank"] for r in records} <= {1, 2}
 
 
+def test_children_bred_ahead_in_a_helper_process(shapes_file, tmp_path):
+    out = tmp_path / "run"
+    proc = galapagos("evolve", "--data", shapes_file, "--out", out, "--workers", 2, "--evaluations", 40, *SMALL,
+                     "--set", "evolution.breeder_workers=2", "--set", "run.task='tests.faulty_tasks:quick'",
+                     timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    log = (out / "log" / "master.log").read_text()
+    assert "bred ahead in a helper process" in log and "helper failed" not in log
+    records = journal(out)
+    assert len(records) == 40 and len({r["key"] for r in records}) == 40
+    assert sorted(r["id"] for r in records) == list(range(40))
+    bred = [r for r in records if r["origin"] != "random"]
+    assert bred and all(r["parents"] and all(p < r["id"] for p in r["parents"]) for r in bred)
+    assert all(r["params"] > 0 for r in records)
+
+
 def test_one_rank_says_it_needs_a_worker(shapes_file, tmp_path):
     proc = run_mpi(1, ["-m", "galapagos.cli", "evolve", "--data", shapes_file, "--out", tmp_path / "r", "--evaluations",
                        2], timeout=60)
