@@ -297,19 +297,27 @@ class Genome:
     # --- identity ---
     @property
     def key(self) -> str:
-        """16 hex chars of sha256 over the canonical JSON (:meth:`to_json` with sorted keys and no spaces): the
-        genome's identity for deduplication and files. Made when first asked for, from the genes' own canonical
-        JSON: breeding makes several genomes per child that nobody asks the key of (bench/scale.py)."""
+        """16 hex chars of sha256 over the canonical JSON (:meth:`canonical`): the genome's identity for
+        deduplication and files. Made when first asked for: breeding makes several genomes per child that nobody
+        asks the key of (bench/scale.py)."""
         key = self.__dict__.get("_key")
         if key is None:
+            key = hashlib.sha256(self.canonical().encode("utf-8")).hexdigest()[:16]
+            object.__setattr__(self, "_key", key)
+        return key
+
+    def canonical(self) -> str:
+        """:meth:`to_json` as JSON text with sorted keys and no spaces, made once from the genes' own: what the
+        key hashes, and how a genome travels in a task and is written in the journal."""
+        text = self.__dict__.get("_canonical")
+        if text is None:
             c = _canonical_json
             layers = ",".join(g.canonical() for g in self.layers)
             loss = "" if self.loss == "ce" else f'"loss":{c(self.loss)},'
-            canonical = (f'{{"batch_size":{c(self.batch_size)},"head":{c(self.head)},"layers":[{layers}],{loss}'
-                         f'"lr":{c(self.lr)},"optimizer":{c(self.optimizer)},"weight_decay":{c(self.weight_decay)}}}')
-            key = hashlib.sha256(canonical.encode("utf-8")).hexdigest()[:16]
-            object.__setattr__(self, "_key", key)
-        return key
+            text = (f'{{"batch_size":{c(self.batch_size)},"head":{c(self.head)},"layers":[{layers}],{loss}'
+                    f'"lr":{c(self.lr)},"optimizer":{c(self.optimizer)},"weight_decay":{c(self.weight_decay)}}}')
+            object.__setattr__(self, "_canonical", text)
+        return text
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Genome):

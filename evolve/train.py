@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import math
+import pickle
 import statistics
 import time
 from dataclasses import dataclass
@@ -363,6 +364,28 @@ class TrainTask:
     save: str | None = None  # where the best epoch's weights go (a state_dict); None: not saved
     inherit: str | None = None  # a parent's weights file to start from where the layers match; None: fresh
     data: DataAccess | None = None  # how the training split is read (streamed, or batch by batch to a GPU)
+
+    def __reduce__(self):
+        # Pickled for every task rank 0 sends: the genome goes as its canonical JSON (made once, for its key), and
+        # what every task of a run shares as bytes pickled once. Pickled whole, a task cost rank 0 19 us, the most
+        # of any one step per task at whole-machine scale (bench/scale.py).
+        return _unpickle_task, (self.genome.canonical(), _shared_bytes(self.problem, self.train, self.data),
+                                self.seed, self.save, self.inherit)
+
+
+_shared: tuple = (None, None, None, b"")  # the last (problem, train, data) pickled, and their bytes
+
+
+def _shared_bytes(problem: Problem, train: TrainConfig, data: DataAccess | None) -> bytes:
+    global _shared
+    if not (_shared[0] is problem and _shared[1] is train and _shared[2] is data):
+        _shared = (problem, train, data, pickle.dumps((problem, train, data), pickle.HIGHEST_PROTOCOL))
+    return _shared[3]
+
+
+def _unpickle_task(genome: str, shared: bytes, seed: int, save: str | None, inherit: str | None) -> TrainTask:
+    problem, train, data = pickle.loads(shared)
+    return TrainTask(Genome.from_json(genome), problem, train, seed, save, inherit, data)
 
 
 def _parent(path: str | None) -> dict | None:
