@@ -40,9 +40,9 @@ def timed_source(tmp: str, problem: Problem, config, workers: int = 1) -> tuple[
     source = EvolutionSource(engine, config, run, problem)
     appends, original = [], run.append
 
-    def timed_append(record: dict) -> None:
+    def timed_append(record: dict, text: dict | None = None) -> None:
         t = time.perf_counter()
-        original(record)
+        original(record, text)
         appends.append(time.perf_counter() - t)
 
     run.append = timed_append

@@ -6,13 +6,12 @@ directory's lock while it runs, and takes its time budget from what the earlier 
 from __future__ import annotations
 
 import bisect
-import json
 import logging
+import os
 import random
 import shutil
 import time
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 from datashare.format import DatasetInfo, inspect
@@ -38,6 +37,7 @@ from galapagos.reports import summarize
 from galapagos.rundir import RunDir
 from galapagos.sources import JournalSource
 from galapagos.tracking import Tracker, check_tracking
+from galapagos.warmstart import seed_genomes
 from launch.protocol import Result, Setup, Status, Task
 from launch.runtime import master_serve, stop_signal
 from launch.session import master_start
@@ -77,7 +77,7 @@ class EvolutionSource(JournalSource):
             self._learn(r, live=False)
         if self.front is not None:
             self._sync_front(records)
-        self.held = {i for i in self.held if self.run.model_path(i).exists()}
+        self.held = {i for i in self.held if os.path.exists(self.run.model_path(i))}
         self.run.prune_models(self.kept())  # weights of tasks that were running when a run was killed
         self.exhausted: str | None = None  # why the space has no new genome left
         self.clocked = 0.0  # when clock.json was last written
@@ -99,14 +99,14 @@ class EvolutionSource(JournalSource):
         params = cand.params if cand.params is not None else count_params(cand.genome, self.problem,
                                                                            self.config.train.builder)
         self.inflight[cand.id] = {"parents": list(cand.parents), "origin": cand.origin,
-                                  "genome": cand.genome.to_json(), "key": cand.genome.key, "params": params}
+                                  "genome": cand.genome, "key": cand.genome.key, "params": params}
         parent = next((p for p in cand.parents if p in self.held), None) if self.config.evolution.inherit else None
         if parent is not None:
             self.inflight[cand.id]["inherits"] = parent
         self.running(cand.id)
         payload = TrainTask(cand.genome, self.problem, self.config.train, seed=self.config.run.seed * 1_000_003
-                            + cand.id, save=str(self.run.model_path(cand.id)), data=self.access,
-                            inherit=None if parent is None else str(self.run.model_path(parent)))
+                            + cand.id, save=self.run.model_path(cand.id), data=self.access,
+                            inherit=None if parent is None else self.run.model_path(parent))
         return Task(cand.id, payload, self.config.run.task_timeout)
 
     def finished(self) -> bool:
@@ -122,8 +122,7 @@ class EvolutionSource(JournalSource):
             self.run.record_seconds(self.search_seconds())
             self.clocked = time.time()
         record = self.journal_result(r, self.inflight.pop(r.id))
-        if record is None:  # cancelled: a resumed run breeds afresh
-            self.run.model_path(r.id).unlink(missing_ok=True)
+        if record is None:  # cancelled (no weights: the run's end prunes models/): a resumed run breeds afresh
             return
         self.engine.tell(r.id, r.fitness, r.status, objective_values(record, self.config.evolution.objectives))
         if self.tracker is not None:
@@ -143,7 +142,8 @@ class EvolutionSource(JournalSource):
         """Take in one finished evaluation; True if it is the new best. `live`: it just finished (its weights are
         fresh), rather than read back from the journal of a resumed run."""
         if record["status"] != Status.OK:  # failures and pruned candidates leave no weights worth keeping
-            self.run.model_path(record["id"]).unlink(missing_ok=True)
+            if record.get("error"):  # a trainer stopped cooperatively (pruned) saved none; another may have
+                self.run.drop_model(record["id"])
             return False
         if self.front is not None:
             self._place(record, live)
@@ -156,7 +156,7 @@ class EvolutionSource(JournalSource):
         self.held.add(record["id"])
         kept = self.kept()
         for dropped in self.held - kept:
-            self.run.model_path(dropped).unlink(missing_ok=True)
+            self.run.drop_model(dropped)
         self.held &= kept
         if self.best is None or record["fitness"] > self.best["fitness"]:
             self.best = record
@@ -207,7 +207,7 @@ class EvolutionSource(JournalSource):
                     shutil.rmtree(d, ignore_errors=True)
         by_id = {r["id"]: r for r in records if r["id"] in self.front_rows}
         for i in self.front_rows:
-            if not NetworkDir(self.run.front / str(i)).complete() and self.run.model_path(i).exists():
+            if not NetworkDir(self.run.front / str(i)).complete() and os.path.exists(self.run.model_path(i)):
                 self.run.save_network(self.run.front / str(i), by_id[i], self._network_extra(by_id[i]))
         self._save_pareto()
 
@@ -255,39 +255,6 @@ def check(opts: EvolveOptions) -> tuple[Config, DatasetInfo, dict]:
     run = RunDir.check(opts.out, resume=opts.resume)
     data = run.check_data(info, opts.data) if opts.resume else data_fingerprint(info, opts.data)
     return config, info, data
-
-
-def seed_genomes(source: str, limit: int) -> list[Genome]:
-    """Warm start genomes: the best `limit` distinct genomes of a run directory, or a JSON file of genomes (a list,
-    {"genomes": [...]}, or one genome such as a best/genome.json)."""
-    path = Path(source)
-    if RunDir(path).journal.exists():
-        ranked = sorted((r for r in RunDir(path).read_journal() if r["status"] == "ok" and r["fitness"] is not None),
-                        key=lambda r: -r["fitness"])
-        keys, raw = set(), []
-        for r in ranked:
-            if r["key"] not in keys and len(raw) < limit:
-                keys.add(r["key"])
-                raw.append(r["genome"])
-        if not raw:
-            raise UsageError(f"--seed-from {source}: the run has no successful evaluation to start from")
-    elif path.is_file():
-        try:
-            loaded = json.loads(path.read_text())
-        except (OSError, ValueError) as exc:
-            raise UsageError(f"--seed-from {source}: not a JSON file of genomes: {exc}") from None
-        raw = loaded.get("genomes", [loaded]) if isinstance(loaded, dict) else loaded
-        if not isinstance(raw, list) or not raw:
-            raise UsageError(f"--seed-from {source}: expected a list of genomes, {{\"genomes\": [...]}} or one genome")
-    else:
-        raise UsageError(f"--seed-from {source}: no such run directory (results.jsonl) or JSON file")
-    genomes = []
-    for i, g in enumerate(raw):
-        try:
-            genomes.append(Genome.from_json(g))
-        except (InvalidGenome, TypeError, ValueError) as exc:
-            raise UsageError(f"--seed-from {source}: genome {i}: {exc}") from None
-    return genomes
 
 
 def check_task(spec: str, key: str = "run.task") -> None:

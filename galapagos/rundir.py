@@ -53,6 +53,7 @@ class RunDir:
         self.front = self.path / "front"  # several objectives: one network directory per member of the Pareto front
         self.pareto = self.path / "pareto.json"
         self.models = self.path / "models"
+        self._models = str(self.models)
         self.logs = self.path / "log"
         self.data = self.path / "data.json"
         self.clock = self.path / "clock.json"
@@ -136,6 +137,7 @@ class RunDir:
 
     def iter_journal(self) -> Iterator[dict]:
         """read_journal one record at a time (for a pass over a journal too big to hold)."""
+        self.flush()
         if not self.journal.exists():
             return
         good = 0
@@ -155,19 +157,35 @@ class RunDir:
             with open(self.journal, "r+b") as f:
                 f.truncate(good)
 
-    def append(self, record: dict) -> None:
-        """One finished evaluation, written through to the kernel before the run goes on (it survives the death
-        of this process); fsynced at most every FSYNC_EVERY seconds and by close() (a node that crashes loses at
-        most that much, which --resume trains again)."""
+    def append(self, record: dict, text: dict[str, str] | None = None) -> None:
+        """One finished evaluation, into the journal's buffer until flush(). Rank 0 flushes once per round of its
+        loop (JournalSource.on_tick), after all the results the round read: a write per result was a tenth of its
+        time per task at whole-machine scale (bench/scale.py). `text`: values of the record that are JSON text
+        already (a genome's canonical JSON), written as they are instead of encoded again."""
+        line = json.dumps({k: v for k, v in record.items() if k not in text} if text else record, sort_keys=True,
+                          allow_nan=False)
+        if text:
+            parts = [line[1:-1], *(f'"{k}": {v}' for k, v in text.items())]
+            line = "{" + ", ".join(p for p in parts if p) + "}"
         try:
             if self._out is None:
                 self._out = open(self.journal, "a")
-            self._out.write(json.dumps(record, sort_keys=True, allow_nan=False) + "\n")
+            self._out.write(line + "\n")
+        except OSError as exc:  # a torn last line is cut off by the next --resume (read_journal)
+            raise self.write_error(self.journal, exc) from None
+
+    def flush(self) -> None:
+        """What append() buffered, written through to the kernel (it survives the death of this process); fsynced
+        at most every FSYNC_EVERY seconds and by close() (a node that crashes loses at most that much, which
+        --resume trains again)."""
+        if self._out is None:
+            return
+        try:
             self._out.flush()
             if time.monotonic() - self._synced >= FSYNC_EVERY:
                 os.fsync(self._out.fileno())
                 self._synced = time.monotonic()
-        except OSError as exc:  # a torn last line is cut off by the next --resume (read_journal)
+        except OSError as exc:
             raise self.write_error(self.journal, exc) from None
 
     def close(self) -> None:
@@ -180,18 +198,28 @@ class RunDir:
             except OSError as exc:
                 raise self.write_error(self.journal, exc) from None
 
-    def model_path(self, eval_id: int) -> Path:
-        return self.models / f"{eval_id}.pt"
+    def model_path(self, eval_id: int) -> str:
+        """Where an evaluation's weights go: a string, made for every task at whole-machine scale (a Path's parsing
+        cost rank 0 more than the rest of the task's bookkeeping, bench/scale.py)."""
+        return f"{self._models}/{eval_id}.pt"
+
+    def drop_model(self, eval_id: int) -> None:
+        """Delete an evaluation's weights, if any."""
+        try:
+            os.unlink(self.model_path(eval_id))
+        except FileNotFoundError:
+            pass
 
     def save_network(self, dest: Path, record: dict, extra: dict) -> None:
         """Copy an evaluation's weights, genome and metrics into a network directory, best/ or front/ID (each file
-        replaced atomically)."""
+        replaced atomically). The journal is flushed first: it holds every evaluation a network directory shows."""
+        self.flush()
         src = self.model_path(record["id"])
         try:
             NetworkDir(dest).write(record["genome"], {**extra, "id": record["id"], "fitness": record["fitness"],
                                                            "metrics": record["metrics"], "params": record["params"],
                                                            "key": record["key"]},
-                                        weights_from=src if src.exists() else None)
+                                        weights_from=src if os.path.exists(src) else None)
         except OSError as exc:
             raise self.write_error(dest, exc) from None
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from collections import Counter
 
+from evolve.genome import Genome
 from galapagos.progress import ProgressView, Snapshot
 from galapagos.rundir import RunDir, journal_record
 from launch.protocol import Progress, Result, Status
@@ -33,12 +34,15 @@ class JournalSource:
 
     def journal_result(self, r: Result, what: dict) -> dict | None:
         """Journal a finished task; None for a cancelled one (the job is ending: nothing is kept, a resume redoes
-        it)."""
+        it). A Genome in `what` becomes its JSON."""
         curve = self.curves.pop(r.id, [])
         if r.status == Status.CANCELLED:
             return None
         record = journal_record(r, curve, what)
-        self.journal.append(record)
+        genome, text = record.get("genome"), None
+        if isinstance(genome, Genome):  # written as its canonical JSON, made once; a dict in the record
+            record["genome"], text = genome.to_json(), {"genome": genome.canonical()}
+        self.journal.append(record, text)
         if self.keep:
             self.records.append(record)
         self.done += 1
@@ -74,7 +78,9 @@ class JournalSource:
 
     def on_tick(self, state: MasterState) -> None:
         """After each round of dispatch: a log line per finished task, or a live bar redraw (at most every
-        progress.MIN_REDRAW seconds); the run's last snapshot is always shown."""
+        progress.MIN_REDRAW seconds); the run's last snapshot is always shown. The round's journal lines are
+        written through first."""
+        self.journal.flush()
         self.state = state
         force = self.done != self.shown
         if state.ended or self.view.due(force):

@@ -2,7 +2,6 @@
 through its public methods as the master loop drives it."""
 from __future__ import annotations
 
-import json
 import time
 
 import pytest
@@ -52,8 +51,8 @@ def finish(source: EvolutionSource, curve: list[float]) -> Task:
     return t
 
 
-def journal(tmp_path) -> list[dict]:
-    return [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+def journal(source: EvolutionSource) -> list[dict]:
+    return source.run.read_journal()
 
 
 # Three finished candidates whose best-so-far at every epoch is 0.3, 0.5 and 0.7: the median is 0.5.
@@ -152,7 +151,7 @@ def test_a_pruned_result_is_journalled_as_pruned(tmp_path):
     t = task(source)
     assert report(source, t, [0.41, 0.4]) == [None, Status.PRUNED]
     result(source, t, Status.PRUNED, 0.41, rank=2)
-    records = journal(tmp_path)
+    records = journal(source)
     assert len(records) == 4
     last = records[-1]
     assert last["id"] == t.id and last["status"] == "pruned"
@@ -171,7 +170,7 @@ def test_a_cancelled_task_is_not_journalled(tmp_path):
     t = task(source)
     report(source, t, [0.9])
     result(source, t, Status.CANCELLED, None)
-    assert [r["id"] for r in journal(tmp_path)] == [0, 1, 2]
+    assert [r["id"] for r in journal(source)] == [0, 1, 2]
     assert source.snapshot().done == 3 and not source.finished()
 
 
@@ -198,5 +197,5 @@ def test_fresh_and_inheriting_candidates_are_judged_against_their_own_kind(tmp_p
     fresh, child = _asked(source, inheriting=False), _asked(source, inheriting=True)
     assert report(source, fresh, [0.6, 0.6, 0.6]) == [None, None, None]  # above the fresh median, not pruned
     assert report(source, child, [0.6, 0.6]) == [None, Status.PRUNED]  # below its own kind's
-    records = {r["id"]: r for r in journal(tmp_path)}
+    records = {r["id"]: r for r in journal(source)}
     assert all(("inherits" in records[i]) for i in records if records[i]["curve"] == [0.9] * 6)

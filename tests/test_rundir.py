@@ -10,10 +10,12 @@ def test_torn_last_line_is_dropped_and_cut(tmp_path):
     run = RunDir.open(tmp_path / "r", resume=False)
     run.append({"id": 0, "fitness": 0.5})
     run.append({"id": 1, "fitness": None})
+    run.flush()
     with open(run.journal, "a") as f:
         f.write('{"id": 2, "fitn')
     assert [r["id"] for r in run.read_journal()] == [0, 1]
     run.append({"id": 3})
+    run.flush()
     assert [json.loads(x)["id"] for x in run.journal.read_text().splitlines()] == [0, 1, 3]
 
 
@@ -27,6 +29,7 @@ def test_corruption_in_the_middle_is_an_error(tmp_path):
 def test_open_refuses_to_mix_runs(tmp_path):
     run = RunDir.open(tmp_path / "r", resume=False)
     run.append({"id": 0})
+    run.flush()
     with pytest.raises(RunDirError, match="already holds a run"):
         RunDir.open(tmp_path / "r", resume=False)
     with pytest.raises(RunDirError, match="no run to resume"):
