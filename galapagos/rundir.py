@@ -27,6 +27,10 @@ from launch.protocol import Result, Status
 # Seconds between fsyncs of the journal. An fsync per evaluation costs milliseconds on a parallel file system; at
 # whole-machine rates (Summit: 460 tasks/s) it alone would fill the master's time (bench/master_cost.py).
 FSYNC_EVERY = 1.0
+# Seconds between writes of the journal's buffer by rank 0's loop (JournalSource.on_tick): a write per result was a
+# tenth of rank 0's time per task at whole-machine scale (bench/scale.py). A rank 0 killed outright loses at most the
+# results of that long, which --resume trains again; every other end of a run writes them.
+FLUSH_EVERY = 0.2
 MODEL_OVERHEAD = 64 << 10  # bytes of a torch.save file beyond its tensors (archive headers, names, buffers)
 
 log = logging.getLogger(__name__)
@@ -60,6 +64,7 @@ class RunDir:
         self.lock_file = self.path / ".lock"
         self._out = None  # the journal, open for appending while the run goes
         self._synced = 0.0  # when it was last fsynced (time.monotonic)
+        self._flushed = 0.0  # when its buffer was last written
 
     @classmethod
     def check(cls, path: str | Path, *, resume: bool) -> "RunDir":
@@ -158,10 +163,8 @@ class RunDir:
                 f.truncate(good)
 
     def append(self, record: dict, text: dict[str, str] | None = None) -> None:
-        """One finished evaluation, into the journal's buffer until flush(). Rank 0 flushes once per round of its
-        loop (JournalSource.on_tick), after all the results the round read: a write per result was a tenth of its
-        time per task at whole-machine scale (bench/scale.py). `text`: values of the record that are JSON text
-        already (a genome's canonical JSON), written as they are instead of encoded again."""
+        """One finished evaluation, into the journal's buffer until flush(). `text`: values of the record that are
+        JSON text already (a genome's canonical JSON), written as they are instead of encoded again."""
         line = json.dumps({k: v for k, v in record.items() if k not in text} if text else record, sort_keys=True,
                           allow_nan=False)
         if text:
@@ -169,19 +172,20 @@ class RunDir:
             line = "{" + ", ".join(p for p in parts if p) + "}"
         try:
             if self._out is None:
-                self._out = open(self.journal, "a")
+                self._out = open(self.journal, "a", buffering=1 << 20)
             self._out.write(line + "\n")
         except OSError as exc:  # a torn last line is cut off by the next --resume (read_journal)
             raise self.write_error(self.journal, exc) from None
 
-    def flush(self) -> None:
-        """What append() buffered, written through to the kernel (it survives the death of this process); fsynced
-        at most every FSYNC_EVERY seconds and by close() (a node that crashes loses at most that much, which
-        --resume trains again)."""
-        if self._out is None:
+    def flush(self, every: float = 0.0) -> None:
+        """What append() buffered, written through to the kernel (it then survives the death of this process), if
+        `every` seconds have passed since the last write; fsynced at most every FSYNC_EVERY seconds and by close()
+        (a node that crashes loses at most that much, which --resume trains again)."""
+        if self._out is None or time.monotonic() - self._flushed < every:
             return
         try:
             self._out.flush()
+            self._flushed = time.monotonic()
             if time.monotonic() - self._synced >= FSYNC_EVERY:
                 os.fsync(self._out.fileno())
                 self._synced = time.monotonic()
@@ -193,6 +197,7 @@ class RunDir:
         if self._out is not None:
             out, self._out = self._out, None
             try:
+                out.flush()
                 os.fsync(out.fileno())
                 out.close()
             except OSError as exc:

@@ -7,7 +7,7 @@ from collections import Counter
 
 from evolve.genome import Genome
 from galapagos.progress import ProgressView, Snapshot
-from galapagos.rundir import RunDir, journal_record
+from galapagos.rundir import FLUSH_EVERY, RunDir, journal_record
 from launch.protocol import Progress, Result, Status
 from launch.runtime import MasterState
 
@@ -78,9 +78,9 @@ class JournalSource:
 
     def on_tick(self, state: MasterState) -> None:
         """After each round of dispatch: a log line per finished task, or a live bar redraw (at most every
-        progress.MIN_REDRAW seconds); the run's last snapshot is always shown. The round's journal lines are
-        written through first."""
-        self.journal.flush()
+        progress.MIN_REDRAW seconds); the run's last snapshot is always shown. The journal's lines are written
+        through every FLUSH_EVERY seconds."""
+        self.journal.flush(every=FLUSH_EVERY)
         self.state = state
         force = self.done != self.shown
         if state.ended or self.view.due(force):
