@@ -40,8 +40,8 @@ __all__ = ["AHEAD", "Ahead"]
 
 log = logging.getLogger(__name__)
 
-AHEAD = 32  # children bred before they are asked for
-BATCH = 8  # children the helper sends at once
+AHEAD = 64  # children bred before they are asked for
+BATCH = 16  # children the helper sends at once
 START_WAIT = 600.0  # seconds the first child may take (the helper imports torch, maybe from a slow file system)
 WAIT = 60.0  # seconds any later child may take before rank 0 gives up on the helper
 
