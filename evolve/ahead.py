@@ -128,7 +128,7 @@ class Ahead:
 
     def _fail(self, exc: Exception) -> None:
         why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        if self.proc.poll() is not None and not isinstance(exc, EOFError):
+        if self.proc.poll() is not None and "exited with code" not in why:
             why += f"; it exited with code {self.proc.returncode}"
         self.failed = why
         log.warning("the breeding helper failed (%s): rank 0 breeds the children itself from now on", why)
