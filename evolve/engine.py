@@ -26,6 +26,7 @@ from .build import check_genome
 from .errors import InvalidGenome, SearchExhausted
 from .genome import Genome
 from .operators import crossover, mutate, select
+from .priors import prior_genomes
 from .pareto import OBJECTIVES, Values, crowded_tournament, nsga2_rank, nsga2_survivors, objective_values
 from .problem import Problem
 from .settings import Check, Table, is_int
@@ -36,7 +37,7 @@ __all__ = ["Candidate", "Engine", "EvolutionConfig", "ORIGINS", "STRATEGIES"]
 log = logging.getLogger(__name__)
 
 STRATEGIES = ("evolution", "random")
-ORIGINS = ("random", "mutation", "crossover")
+ORIGINS = ("seed", "prior", "random", "mutation", "crossover")
 # Bounded retries before giving up on a fresh genome: breeding first, then random sampling.
 _BREED_TRIES = 50
 _RANDOM_TRIES = 200
@@ -54,6 +55,8 @@ class EvolutionConfig(Table):
     (random immigrants, Grefenstette 1992). Children that inherit weights beat fresh networks trained as long, so
     without them the population closes on its first good lineage; with them a run keeps sampling the whole space,
     and a newcomer that beats the lineage joins the population.
+    ``priors``: the initial population begins with the networks a practitioner writes first (evolve/priors.py),
+    origin "prior"; random search never does.
     ``breeder_workers``: a job with at least this many workers breeds its children ahead in a helper process on
     rank 0's node (evolve/ahead.py), which takes breeding off rank 0's path per task but makes the run depend on
     timing as well as on its seed; 0 never does.
@@ -71,6 +74,7 @@ class EvolutionConfig(Table):
     objectives: tuple[str, ...] = ("fitness",)
     inherit: bool = True  # children start from a parent's trained weights where the layers match
     immigrants: float = 0.25  # share of random genomes among the asks after the initial population
+    priors: bool = True  # the initial population begins with a practitioner's networks (evolve/priors.py)
     breeder_workers: int = 256  # from this many workers on, a helper process breeds ahead (evolve/ahead.py); 0: never
 
     def normalise(self) -> dict[str, Any]:
@@ -133,6 +137,8 @@ class Engine:
         self._elite: list[tuple[Candidate, Values]] = []  # several objectives: NSGA-II's survivors
         self._ranked: list[tuple[Candidate, int, float]] | None = None  # the elite's fronts and crowding, cached
         self._seeds: collections.deque[Genome] = collections.deque()  # asked first (warm start)
+        self._priors: collections.deque[Genome] = collections.deque(
+            prior_genomes(space, problem) if self.config.priors and self.config.strategy == "evolution" else ())
 
     # --- state ---
     @property
@@ -202,8 +208,11 @@ class Engine:
             or not (self._elite if self.multi_objective else self._population)
             or rng.random() < self.config.immigrants
         )
+        prior = self._prior() if random_phase and not self._seeds else None
         if self._seeds:
             genome, parents, origin = self._seeds.popleft(), (), "seed"
+        elif prior is not None:
+            genome, parents, origin = prior, (), "prior"
         else:
             bred = None if random_phase else self._breed(rng)
             genome, parents, origin = bred if bred is not None else (self._random(rng), (), "random")
@@ -217,6 +226,8 @@ class Engine:
         """Take a candidate bred elsewhere from a copy of this engine (evolve/ahead.py) as if asked here."""
         if candidate.origin == "seed" and self._seeds:
             self._seeds.popleft()
+        if candidate.origin == "prior":
+            self._prior()
         self._next_id = max(self._next_id, candidate.id + 1)
         self._pending[candidate.id] = candidate
         self._seen.add(candidate.genome.key)
@@ -279,6 +290,19 @@ class Engine:
         if value is not None and (self._best is None or value > self._best[2]):
             self._best = (candidate.id, candidate.genome, value)
         log.debug("told %d (%s): fitness %s", candidate.id, status, value)
+
+    def _prior(self) -> Genome | None:
+        """The next of the practitioner's networks still to ask in the initial population: checked (and repaired)
+        for this problem, not seen before (a resumed run replayed it), None when they are used up."""
+        while self._priors and self.num_told + len(self._pending) < self.config.population_size:
+            try:
+                genome = check_genome(self._priors.popleft(), self.problem, self.space)
+            except InvalidGenome as e:
+                log.debug("prior network left out: %s", e)
+                continue
+            if genome.key not in self._seen:
+                return genome
+        return None
 
     def _random(self, rng: random.Random) -> Genome:
         last_error: InvalidGenome | None = None

@@ -36,7 +36,8 @@ def test_children_bred_ahead_are_adopted_and_hear_the_tells():
     assert engine.num_told == 200 and engine.pending == () and engine.next_id == 200
     assert all(engine.has_seen(c.genome) for c in cands)
     assert all(p < c.id for c in cands for p in c.parents)
-    bred = [c for c in cands if c.origin != "random"]
+    assert [c.origin for c in cands[:2]] == ["prior", "prior"]  # the helper asks its engine's priors first
+    bred = [c for c in cands if c.parents]
     assert len(bred) > 100 and {c.origin for c in bred} == {"mutation", "crossover"}
     # The helper heard the tells: the children come from a population that learned, as the engine's own do.
     late = [synthetic_fitness(c.genome) for c in cands[-50:]]

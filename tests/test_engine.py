@@ -12,6 +12,7 @@ import pytest
 from evolve.engine import Candidate, Engine, EvolutionConfig
 from evolve.errors import ConfigError, SearchExhausted
 from evolve.genome import Genome
+from evolve.priors import prior_genomes
 from evolve.problem import Problem
 from evolve.space import SearchSpace
 
@@ -85,7 +86,9 @@ def test_random_phase_then_bred_children_with_parents():
     engine = Engine(SPACE, IMAGE, EvolutionConfig(population_size=8, tournament_size=3, seed=1))
     first = [engine.ask() for _ in range(8)]
     assert [c.id for c in first] == list(range(8))
-    assert all(c.origin == "random" and c.parents == () for c in first)
+    priors = len(prior_genomes(SPACE, IMAGE))
+    assert priors >= 2 and [c.origin for c in first] == ["prior"] * priors + ["random"] * (8 - priors)
+    assert all(c.parents == () for c in first)
     assert engine.pending == tuple(range(8))
     for c in first:
         engine.tell(c.id, synthetic_fitness(c.genome))
@@ -94,7 +97,7 @@ def test_random_phase_then_bred_children_with_parents():
     origins = collections.Counter()
     for _ in range(200):
         c = engine.ask()
-        assert len(c.parents) == {"random": 0, "mutation": 1, "crossover": 2}[c.origin]
+        assert len(c.parents) == {"random": 0, "mutation": 1, "crossover": 2}[c.origin]  # no prior after the first 8
         assert set(c.parents) <= told  # parents are told results
         origins[c.origin] += 1
         engine.tell(c.id, synthetic_fitness(c.genome))
@@ -107,14 +110,14 @@ def test_no_immigrants_breeds_every_child():
     engine = Engine(SPACE, IMAGE, EvolutionConfig(population_size=8, tournament_size=3, seed=1, immigrants=0.0))
     for _ in range(60):
         c = engine.ask()
-        assert (c.origin == "random") == (c.id < 8)
+        assert (c.origin in ("prior", "random")) == (c.id < 8)
         engine.tell(c.id, synthetic_fitness(c.genome))
 
 
 def test_pending_asks_count_towards_the_random_phase():
     engine = Engine(SPACE, TABULAR, EvolutionConfig(population_size=4, tournament_size=2, immigrants=0.0))
     cands = [engine.ask() for _ in range(6)]  # more workers than the population: nothing told yet
-    assert all(c.origin == "random" for c in cands)
+    assert all(c.origin in ("prior", "random") for c in cands)
     engine.tell(cands[0].id, 1.0)
     assert engine.ask().origin in ("mutation", "crossover")  # 7 asked >= 4 and a result exists
 

@@ -1,0 +1,98 @@
+"""The practitioner's first networks (evolve/priors.py): built from the space, valid, asked first by evolution."""
+from __future__ import annotations
+
+import pytest
+
+from evolve.build import check_genome, count_params
+from evolve.engine import Engine, EvolutionConfig
+from evolve.genome import SPATIAL_TYPES
+from evolve.priors import prior_genomes
+from evolve.problem import Problem
+from evolve.space import SearchSpace
+from tests.test_engine import synthetic_fitness
+
+PROBLEMS = {
+    "1d": Problem((1, 128), "classification", 10),
+    "2d": Problem((3, 32, 32), "classification", 10),
+    "2d-small": Problem((1, 5, 5), "classification", 3),
+    "3d": Problem((1, 12, 12, 12), "regression", 2),
+    "tabular": Problem((24,), "regression", 2),
+    "segmentation": Problem((1, 32, 32), "segmentation", 4),
+}
+NARROW = SearchSpace(channels=(4, 12), kernels=(5, 7), units=(24, 48), activations=("gelu", "tanh"),
+                     optimizers=("adam", "sgd"), lr=(1e-4, 2e-3), batch_sizes=(16, 128), weight_decay=(0.0, 0.0),
+                     max_layers=5, heads=("max", "flatten"))
+
+
+@pytest.mark.parametrize("space", [SearchSpace(), NARROW], ids=["default", "narrow"])
+@pytest.mark.parametrize("name", list(PROBLEMS))
+def test_priors_build_and_keep_to_the_space(name, space):
+    problem = PROBLEMS[name]
+    priors = prior_genomes(space, problem)
+    assert len(priors) == (2 if problem.spatial_dims == 0 else 3)
+    assert len({g.key for g in priors}) == len(priors)
+    for genome in priors:
+        checked = check_genome(genome, problem, space)
+        assert 0 < count_params(checked, problem) <= space.max_params
+        assert len(genome.layers) <= space.max_layers
+        assert genome.optimizer in space.optimizers and genome.batch_size in space.batch_sizes
+        assert space.lr[0] <= genome.lr <= space.lr[1] and genome.head in space.heads
+        assert genome.weight_decay == 0.0 if space.weight_decay == (0.0, 0.0) else genome.weight_decay > 0
+        for gene in genome.layers:
+            assert gene.type in space.layer_types
+            assert gene.get("channels", space.channels[0]) in space.channels
+            assert gene.get("kernel", space.kernels[0]) in space.kernels
+            assert gene.get("units", space.units[0]) in space.units
+            assert gene.get("act", space.activations[0]) in space.activations
+        if problem.spatial_dims == 0:
+            assert not any(g.type in SPATIAL_TYPES for g in genome.layers)
+    if problem.spatial_dims:
+        assert {g.layers[0].type for g in priors} == {"residual", "conv"}
+        assert priors[0].optimizer == ("adamw" if "adamw" in space.optimizers else "adam")
+
+
+def test_priors_widen_the_view_along_sequences_and_pool_as_the_channels_grow():
+    space = SearchSpace(kernels=(3, 5, 9, 15), channels=(8, 16, 32), max_layers=8)
+    seq, image = (prior_genomes(space, PROBLEMS[n])[0] for n in ("1d", "2d"))
+    assert {g["kernel"] for g in seq.layers if g.type == "residual"} == {9}
+    assert {g["kernel"] for g in image.layers if g.type == "residual"} == {3}
+    channels = [g["channels"] for g in image.layers if g.type == "residual"]
+    assert channels == sorted(channels) and channels[0] == 8 and channels[-1] == 32
+    assert sum(g.type == "pool" for g in image.layers) == 4 and len(image.layers) == 8  # 32 -> 2 in 8 layers
+
+
+def test_a_space_without_their_layers_has_no_priors():
+    assert prior_genomes(SearchSpace(layer_types=("norm", "dropout", "dense")), PROBLEMS["2d"]) == []
+    assert prior_genomes(SearchSpace(layer_types=("norm", "dropout", "conv")), PROBLEMS["tabular"]) == []
+    assert [g.layers[0].type for g in prior_genomes(SearchSpace(layer_types=("conv", "pool", "norm")),
+                                                    PROBLEMS["2d"])] == ["conv"]
+
+
+def test_evolution_asks_them_first_then_random_and_random_search_never():
+    problem = PROBLEMS["2d"]
+    n = len(prior_genomes(SearchSpace(), problem))
+    engine = Engine(SearchSpace(), problem, EvolutionConfig(population_size=6, tournament_size=2))
+    first = [engine.ask() for _ in range(6)]
+    assert [c.origin for c in first] == ["prior"] * n + ["random"] * (6 - n)
+    for strategy, priors in (("random", True), ("evolution", False)):
+        other = Engine(SearchSpace(), problem, EvolutionConfig(strategy=strategy, priors=priors))
+        assert {other.ask().origin for _ in range(6)} == {"random"}
+
+
+def test_priors_fill_only_the_initial_population_after_seeds_and_are_not_repeated_on_resume():
+    problem, space = PROBLEMS["1d"], SearchSpace()
+    config = EvolutionConfig(population_size=3, tournament_size=2, immigrants=0.0)
+    engine = Engine(space, problem, config)
+    engine.seed([prior_genomes(space, PROBLEMS["1d"])[2].replace(lr=0.02)])
+    asked = [engine.ask() for _ in range(3)]
+    assert [c.origin for c in asked] == ["seed", "prior", "prior"]  # the population is full before the third prior
+    records = []
+    for c in asked:
+        engine.tell(c.id, synthetic_fitness(c.genome))
+        records.append({"id": c.id, "genome": c.genome.to_json(), "parents": list(c.parents), "origin": c.origin,
+                        "fitness": synthetic_fitness(c.genome)})
+    assert engine.ask().origin in ("mutation", "crossover")
+    resumed = Engine(space, problem, config)
+    resumed.replay(records[:2])  # the run stopped after the first prior: the second is asked, not the first again
+    again = resumed.ask()
+    assert again.origin == "prior" and again.genome.key == asked[2].genome.key
