@@ -26,8 +26,8 @@ from .build import check_genome
 from .errors import InvalidGenome, SearchExhausted
 from .genome import Genome
 from .operators import crossover, mutate, select
-from .priors import prior_genomes
 from .pareto import OBJECTIVES, Values, crowded_tournament, nsga2_rank, nsga2_survivors, objective_values
+from .priors import prior_genomes
 from .problem import Problem
 from .settings import Check, Table, is_int
 from .space import SearchSpace
