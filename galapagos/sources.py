@@ -77,7 +77,7 @@ class JournalSource:
         raise NotImplementedError
 
     def on_tick(self, state: MasterState) -> None:
-        """After each round of dispatch: a log line per finished task, or a live bar redraw (at most every
+        """Every few rounds of dispatch (launch.runtime.TICK_BUSY): a log line per finished task, or a live bar redraw (at most every
         progress.MIN_REDRAW seconds); the run's last snapshot is always shown. The journal's lines are written
         through every FLUSH_EVERY seconds."""
         self.journal.flush(every=FLUSH_EVERY)

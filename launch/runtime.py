@@ -48,7 +48,8 @@ class TaskSource(Protocol):
         """Return a status (e.g. Status.PRUNED) to cancel the task, or None to let it go on."""
 
     def on_tick(self, state: "MasterState") -> None:
-        """Called about once a second and at each event, for progress displays."""
+        """Called about once a second, every TICK_BUSY seconds while tasks come and go, and when the loop ends: for
+        progress displays and writing through what the source buffered."""
 
 
 class Slots:
@@ -108,6 +109,10 @@ class MasterState:
         return self.slots.busy
 
 
+# Seconds between the source's ticks while results keep coming (a log line per finished task, the journal written
+# through, a progress redraw): a tick at every round of a busy loop was 5% of rank 0's time per task at 27,648
+# simulated workers (bench/scale.py); once a second (`tick`) when nothing happens.
+TICK_BUSY = 0.05
 SHORT_TASK = 1.0  # seconds: below this mean task time, dispatch latency matters and workers get a queued task
 
 # A scheduler warns a job ahead of its wall time with SIGUSR1 (Slurm --signal, LSF -wa, the job script's watchdog)
@@ -276,7 +281,7 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                 event = True
             if source.finished() and not state.running:
                 break
-            if event or now - last_tick >= tick:
+            if now - last_tick >= (TICK_BUSY if event else tick):
                 source.on_tick(state)
                 last_tick = now
             if event:
