@@ -3,7 +3,8 @@
 A search that begins from random networks spends its first evaluations finding what an expert writes down in a
 minute: for signals, images and volumes, stages of a residual block (or conv -> batch norm) and a pool, channels
 growing as the input halves, wide kernels along sequences, a global average head, AdamW at a step that networks
-with batch norm take (3e-3) on small batches; for tabular data, a two-layer MLP. Configuration search tools begin the
+with batch norm take (3e-3) on small batches, and an MLP on the flattened input in case the layout is not what
+convolutions assume; for tabular data, two-layer MLPs. Configuration search tools begin the
 same way: SMAC evaluates the default configuration first, auto-sklearn and AutoGluon begin from a portfolio of
 known-good configurations. Evolution breeds from these and the random rest of its initial population, so a run
 starts where the expert would and spends its budget improving on that; random search stays purely random.
@@ -70,7 +71,7 @@ def _cnn(space: SearchSpace, problem: Problem, residual: bool, first: int) -> li
     op = "max" if "max" in space.pool_ops else space.pool_ops[0]
     shape = tuple(problem.spatial_shape)
     layers: list[Gene] = []
-    stage = min(first, len(channels) - 1)
+    stage = first
     while len(layers) + 1 + use_norm <= space.max_layers:
         fields = {"channels": channels[min(stage, len(channels) - 1)], "kernel": kernel, "act": _act(space)}
         layers.append(make_gene("residual", **fields) if residual else make_gene("conv", stride=1, **fields))
@@ -86,7 +87,9 @@ def _cnn(space: SearchSpace, problem: Problem, residual: bool, first: int) -> li
 
 def _mlp(space: SearchSpace, width: int, act: str, norm: bool) -> list[Gene]:
     """Two dense layers (with batch norm after each where `norm`), within space.max_layers."""
-    block = [make_gene("dense", units=width, act=act)] + ([_norm(space)] if norm and "norm" in space.layer_types else [])
+    block = [make_gene("dense", units=width, act=act)]
+    if norm and "norm" in space.layer_types:
+        block.append(_norm(space))
     return (block * 2)[:space.max_layers]
 
 
@@ -94,16 +97,31 @@ def prior_genomes(space: SearchSpace, problem: Problem) -> list[Genome]:
     """The practitioner's first networks for this problem, best guess first; not yet checked against the space's
     parameter limit or repaired (the engine does that, and leaves out any that cannot build)."""
     has = set(space.layer_types)
-    (bold, bold_batch), (safe, safe_batch) = RECIPES
+    bold, bold_batch = RECIPES[0]
+    widest = max((u for u in space.units if u <= MLP_UNITS), default=min(space.units))
+    smooth = next((a for a in ("silu", "gelu") if a in space.activations), _act(space))
     if problem.spatial_dims == 0:
         if "dense" not in has:
             return []
-        widest = max((u for u in space.units if u <= MLP_UNITS), default=min(space.units))
-        smooth = next((a for a in ("silu", "gelu") if a in space.activations), _act(space))
         head = space.heads[0]
         return [Genome(layers=tuple(_mlp(space, widest, smooth, True)), **_training(space, head, bold, bold_batch)),
                 Genome(layers=tuple(_mlp(space, _pick(space.units, MLP_UNITS // 2), _act(space), False)),
                        **_training(space, head, bold, bold_batch))]
+    out = _cnns(space, problem)
+    # Where the data's layout may not be what convolutions assume (positions permuted, channels that are features),
+    # the practitioner's baseline is an MLP on the flattened input: last, and only where that vector is small.
+    flat = problem.channels * math.prod(problem.spatial_shape)
+    if (not problem.is_dense and "dense" in has and "flatten" in space.heads
+            and flat <= space.max_flatten_features):
+        out.append(Genome(layers=tuple(_mlp(space, widest, smooth, True)),
+                          **_training(space, "flatten", bold, bold_batch)))
+    return out
+
+
+def _cnns(space: SearchSpace, problem: Problem) -> list[Genome]:
+    """Residual, conv + batch norm, and residual again at the safer recipe, as far as the space has their layers."""
+    has = set(space.layer_types)
+    (bold, bold_batch), (safe, safe_batch) = RECIPES
     head = "avg" if "avg" in space.heads else space.heads[0]
     recipes = []
     if "residual" in has:

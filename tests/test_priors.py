@@ -29,7 +29,7 @@ NARROW = SearchSpace(channels=(4, 12), kernels=(5, 7), units=(24, 48), activatio
 def test_priors_build_and_keep_to_the_space(name, space):
     problem = PROBLEMS[name]
     priors = prior_genomes(space, problem)
-    assert len(priors) == (2 if problem.spatial_dims == 0 else 3)
+    assert len(priors) == (2 if problem.spatial_dims == 0 else 3 if problem.is_dense else 4)
     assert len({g.key for g in priors}) == len(priors)
     for genome in priors:
         checked = check_genome(genome, problem, space)
@@ -47,7 +47,9 @@ def test_priors_build_and_keep_to_the_space(name, space):
         if problem.spatial_dims == 0:
             assert not any(g.type in SPATIAL_TYPES for g in genome.layers)
     if problem.spatial_dims:
-        assert {g.layers[0].type for g in priors} == {"residual", "conv"}
+        assert [g.layers[0].type for g in priors[:3]] == ["residual", "conv", "residual"]
+        if not problem.is_dense:  # the last: an MLP on the flattened input
+            assert priors[3].head == "flatten" and {g.type for g in priors[3].layers} <= {"dense", "norm"}
         assert priors[0].optimizer == ("adamw" if "adamw" in space.optimizers else "adam")
 
 
@@ -61,11 +63,14 @@ def test_priors_widen_the_view_along_sequences_and_pool_as_the_channels_grow():
     assert sum(g.type == "pool" for g in image.layers) == 4 and len(image.layers) == 8  # 32 -> 2 in 8 layers
 
 
-def test_a_space_without_their_layers_has_no_priors():
-    assert prior_genomes(SearchSpace(layer_types=("norm", "dropout", "dense")), PROBLEMS["2d"]) == []
+def test_priors_only_of_the_layers_the_space_has():
+    assert [g.head for g in prior_genomes(SearchSpace(layer_types=("norm", "dense")), PROBLEMS["2d"])] == ["flatten"]
+    assert prior_genomes(SearchSpace(layer_types=("norm", "dense"), heads=("avg",)), PROBLEMS["2d"]) == []
     assert prior_genomes(SearchSpace(layer_types=("norm", "dropout", "conv")), PROBLEMS["tabular"]) == []
     assert [g.layers[0].type for g in prior_genomes(SearchSpace(layer_types=("conv", "pool", "norm")),
                                                     PROBLEMS["2d"])] == ["conv"]
+    big = Problem((3, 128, 128), "classification", 10)  # 49,152 features flattened: no MLP on them
+    assert [g.head for g in prior_genomes(SearchSpace(), big)] == ["avg"] * 3
 
 
 def test_evolution_asks_them_first_then_random_and_random_search_never():
