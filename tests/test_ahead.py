@@ -40,8 +40,8 @@ def test_children_bred_ahead_are_adopted_and_hear_the_tells():
     bred = [c for c in cands if c.parents]
     assert len(bred) > 100 and {c.origin for c in bred} == {"mutation", "crossover"}
     # The helper heard the tells: the children come from a population that learned, as the engine's own do.
-    late = [synthetic_fitness(c.genome) for c in cands[-50:]]
-    early = [synthetic_fitness(c.genome) for c in cands[:8]]
+    late = [synthetic_fitness(c.genome) for c in cands[-50:] if c.parents]
+    early = [synthetic_fitness(c.genome) for c in cands[:AHEAD] if c.origin == "random"]  # bred before any tell
     assert sum(late) / len(late) > sum(early) / len(early)
     assert ahead.population == engine.population  # everything but the asks is the local engine's
 
