@@ -77,9 +77,9 @@ class JournalSource:
         raise NotImplementedError
 
     def on_tick(self, state: MasterState) -> None:
-        """Every few rounds of dispatch (launch.runtime.TICK_BUSY): a log line per finished task, or a live bar redraw (at most every
-        progress.MIN_REDRAW seconds); the run's last snapshot is always shown. The journal's lines are written
-        through every FLUSH_EVERY seconds."""
+        """At most every launch.runtime.TICK_BUSY seconds while tasks come and go: a log line per finished task, or a
+        live bar redraw (at most every progress.MIN_REDRAW seconds); the run's last snapshot is always shown. The
+        journal's lines are written through every FLUSH_EVERY seconds."""
         self.journal.flush(every=FLUSH_EVERY)
         self.state = state
         force = self.done != self.shown

@@ -110,8 +110,9 @@ class MasterState:
 
 
 # Seconds between the source's ticks while results keep coming (a log line per finished task, the journal written
-# through, a progress redraw): a tick at every round of a busy loop was 5% of rank 0's time per task at 27,648
-# simulated workers (bench/scale.py); once a second (`tick`) when nothing happens.
+# through, a progress redraw), and at most this long after the last of them: a tick at every round of a busy loop
+# was 5% of rank 0's time per task at 27,648 simulated workers (bench/scale.py); once a second (`tick`) when
+# nothing happens.
 TICK_BUSY = 0.05
 SHORT_TASK = 1.0  # seconds: below this mean task time, dispatch latency matters and workers get a queued task
 
@@ -173,6 +174,7 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
     watch: list[tuple[float, int]] = []  # heap: (earliest time its rank may be given up as lost, task id)
     backoff = Backoff()
     last_tick = last_check = 0.0
+    unticked = False  # something happened since the source's last tick
     mean_seconds: float | None = None
 
     def send(obj: Any, dest: int) -> None:
@@ -281,9 +283,10 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                 event = True
             if source.finished() and not state.running:
                 break
-            if now - last_tick >= (TICK_BUSY if event else tick):
+            unticked = unticked or event
+            if now - last_tick >= (min(TICK_BUSY, tick) if unticked else tick):
                 source.on_tick(state)
-                last_tick = now
+                last_tick, unticked = now, False
             if event:
                 backoff.reset()
             else:
