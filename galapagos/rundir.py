@@ -36,6 +36,7 @@ MODEL_OVERHEAD = 64 << 10  # bytes of a torch.save file beyond its tensors (arch
 log = logging.getLogger(__name__)
 
 JOURNAL = "results.jsonl"
+_encode = json.JSONEncoder(sort_keys=True, allow_nan=False).encode  # one encoder for every line, not one per line
 
 
 def journal_record(result: Result, curve: list[float], what: dict) -> dict:
@@ -165,8 +166,7 @@ class RunDir:
     def append(self, record: dict, text: dict[str, str] | None = None) -> None:
         """One finished evaluation, into the journal's buffer until flush(). `text`: values of the record that are
         JSON text already (a genome's canonical JSON), written as they are instead of encoded again."""
-        line = json.dumps({k: v for k, v in record.items() if k not in text} if text else record, sort_keys=True,
-                          allow_nan=False)
+        line = _encode({k: v for k, v in record.items() if k not in text} if text else record)
         if text:
             parts = [line[1:-1], *(f'"{k}": {v}' for k, v in text.items())]
             line = "{" + ", ".join(p for p in parts if p) + "}"
