@@ -110,7 +110,7 @@ class Ahead:
         end = time.monotonic() + wait
         while not self.up.poll(min(1.0, max(0.0, end - time.monotonic()))):
             if self.proc.poll() is not None:
-                raise EOFError(f"it exited with code {self.proc.returncode}")
+                raise EOFError  # _fail names the exit code
             if time.monotonic() >= end:
                 raise TimeoutError(f"no child in {wait:.0f} s")
         self.started = True
@@ -128,7 +128,7 @@ class Ahead:
 
     def _fail(self, exc: Exception) -> None:
         why = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        if self.proc.poll() is not None and "exited with code" not in why:
+        if self.proc.poll() is not None:
             why += f"; it exited with code {self.proc.returncode}"
         self.failed = why
         log.warning("the breeding helper failed (%s): rank 0 breeds the children itself from now on", why)
