@@ -208,10 +208,9 @@ class Engine:
             or not (self._elite if self.multi_objective else self._population)
             or rng.random() < self.config.immigrants
         )
-        prior = self._prior() if random_phase and not self._seeds else None
         if self._seeds:
             genome, parents, origin = self._seeds.popleft(), (), "seed"
-        elif prior is not None:
+        elif random_phase and (prior := self._prior()) is not None:
             genome, parents, origin = prior, (), "prior"
         else:
             bred = None if random_phase else self._breed(rng)
