@@ -3,7 +3,9 @@
 Regularized evolution (Real et al., 2019, "Regularized Evolution for Image Classifier Architecture Search"):
 the population is the ``population_size`` most recently *told* results; each new child comes from a tournament
 among them; the oldest result leaves as a new one arrives (ageing), so a lucky early evaluation cannot dominate
-forever. This suits thousands of workers finishing at different times: the master asks whenever a worker is free.
+forever. Only finished trainings join it: a pruned candidate's fitness is a partial training's and a failed one
+has none, and either would push a fully trained member out (with median pruning most candidates are pruned, and a
+good early network aged out before it was ever a parent). This suits thousands of workers finishing at different times: the master asks whenever a worker is free.
 
 Every ask draws from its own generator seeded by (seed, candidate id), so a run is determined by its seed and
 the order of tells, and a resumed run (:meth:`Engine.replay`) proposes what the uninterrupted run would have.
@@ -161,7 +163,7 @@ class Engine:
 
     @property
     def population(self) -> list[tuple[Candidate, float | None]]:
-        """The ageing population, oldest first: the last ``population_size`` told results (None = failed)."""
+        """The ageing population, oldest first: the last ``population_size`` finished evaluations told."""
         return list(self._population)
 
     @property
@@ -233,7 +235,8 @@ class Engine:
 
     def tell(self, candidate_id: int, fitness: float | None, status: str = "ok", values: Values | None = None
              ) -> None:
-        """Report a result. ``fitness`` None (failed, timeout, NaN, crash) or non-finite counts as the worst.
+        """Report a result. Only a finished one (``status`` "ok" and a finite ``fitness``) joins the population;
+        a pruned or failed one (timeout, NaN, crash: ``fitness`` None) is only remembered as seen.
         With several objectives, ``values`` holds one per objective (:func:`objective_values`); None leaves the
         candidate out of the population."""
         candidate = self._pending.pop(candidate_id, None)
@@ -281,8 +284,10 @@ class Engine:
     def _record(self, candidate: Candidate, fitness: float | None, status: str, values: Values | None) -> None:
         value = _clean_fitness(fitness)
         self._told.add(candidate.id)
-        self._population.append((candidate, value))
-        if self.multi_objective and value is not None and values is not None:
+        finished = status == "ok" and value is not None
+        if finished:
+            self._population.append((candidate, value))
+        if self.multi_objective and finished and values is not None:
             pairs = [((c, v), v) for c, v in self._elite + [(candidate, tuple(values))]]
             self._elite = nsga2_survivors(pairs, self.config.population_size, self.config.objectives)
             self._ranked = None

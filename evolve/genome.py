@@ -359,7 +359,10 @@ class Genome:
 
     @classmethod
     def from_json(cls, d: Any) -> "Genome":
-        """Parse :meth:`to_json` output (or its JSON text); every problem raises :class:`InvalidGenome`."""
+        """Parse :meth:`to_json` output (or its JSON text; a Genome is returned as it is); every problem raises
+        :class:`InvalidGenome`."""
+        if isinstance(d, Genome):
+            return d
         if isinstance(d, (str, bytes)):
             try:
                 d = json.loads(d)

@@ -55,13 +55,13 @@ class NetworkDir:
     def complete(self) -> bool:
         return self.missing() is None
 
-    def write(self, genome: dict, metrics: dict, *, weights_from: str | Path | None = None) -> None:
-        """Save genome and metrics (with "problem" inside) and, when given, copy the weights from a file; each file
-        is replaced atomically."""
+    def write(self, genome: dict | Genome, metrics: dict, *, weights_from: str | Path | None = None) -> None:
+        """Save genome (its JSON dict, or the Genome) and metrics (with "problem" inside) and, when given, copy the
+        weights from a file; each file is replaced atomically."""
         self.path.mkdir(parents=True, exist_ok=True)
         if weights_from is not None:
             replace_atomically(self.model_file, lambda tmp: shutil.copyfile(weights_from, tmp))
-        write_json(self.genome_file, genome)
+        write_json(self.genome_file, genome.to_json() if isinstance(genome, Genome) else genome)
         write_json(self.metrics_file, metrics)
 
     def problem(self) -> Problem:

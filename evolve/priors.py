@@ -33,6 +33,7 @@ WEIGHT_DECAY = 1e-4
 MLP_UNITS = 256  # the widest layer of a first MLP
 MIN_SIDE = 4  # a stage pools only while the input's smallest side is at least this (then 2 or more after it)
 KERNEL_1D = 9  # sequences want a wider view per layer than images do (3)
+FULL_RES_POSITIONS = 4096  # inputs with at most this many positions also get a network that never pools
 
 
 def _pick(values: tuple[int, ...], want: int) -> int:
@@ -59,15 +60,15 @@ def _norm(space: SearchSpace) -> Gene:
     return make_gene("norm", kind="batch" if "batch" in space.norms else space.norms[0])
 
 
-def _cnn(space: SearchSpace, problem: Problem, residual: bool, first: int) -> list[Gene]:
+def _cnn(space: SearchSpace, problem: Problem, residual: bool, first: int, pools: bool = True) -> list[Gene]:
     """Stages of (conv, norm, pool) or (residual, pool), channels rising through the space's list from its
-    `first` as the input halves, within space.max_layers."""
+    `first` as the input halves, within space.max_layers. Without `pools`: two stages at full resolution."""
     kernels = [k for k in space.kernels if k <= KERNEL_1D] or [min(space.kernels)]
     kernel = max(kernels) if problem.spatial_dims == 1 else _pick(space.kernels, 3)
     channels = sorted(space.channels)
     has = set(space.layer_types)
     use_norm = "norm" in has and not residual  # a residual block has its own batch norms
-    pool = "pool" in has and 2 in space.pool_sizes
+    pool = pools and "pool" in has and 2 in space.pool_sizes
     op = "max" if "max" in space.pool_ops else space.pool_ops[0]
     shape = tuple(problem.spatial_shape)
     layers: list[Gene] = []
@@ -77,6 +78,9 @@ def _cnn(space: SearchSpace, problem: Problem, residual: bool, first: int) -> li
         layers.append(make_gene("residual", **fields) if residual else make_gene("conv", stride=1, **fields))
         if use_norm:
             layers.append(_norm(space))
+        if not pools and stage == first:
+            stage += 1
+            continue
         if not pool or min(shape) < MIN_SIDE or len(layers) == space.max_layers:
             break
         layers.append(make_gene("pool", op=op, size=2))
@@ -119,17 +123,21 @@ def prior_genomes(space: SearchSpace, problem: Problem) -> list[Genome]:
 
 
 def _cnns(space: SearchSpace, problem: Problem) -> list[Genome]:
-    """Residual, conv + batch norm, and residual again at the safer recipe, as far as the space has their layers."""
+    """Residual, conv + batch norm, and residual again at the safer recipe, as far as the space has their layers.
+    A classifier of a small input also gets two residual stages that never pool, under a global max head: a class
+    told by a local pattern anywhere in the input (a shape in an image, a burst in a trace) is what a max over
+    full-resolution features detects, and pools first blur a small input's pattern away."""
     has = set(space.layer_types)
     (bold, bold_batch), (safe, safe_batch) = RECIPES
     head = "avg" if "avg" in space.heads else space.heads[0]
-    recipes = []
-    if "residual" in has:
-        recipes += [(True, 0, bold, bold_batch), (True, 0, safe, safe_batch)]
-    if "conv" in has:
-        recipes.insert(1, (False, 1, bold, bold_batch))
+    small = problem.is_classification and math.prod(problem.spatial_shape) <= FULL_RES_POSITIONS
+    has_res, has_conv = "residual" in has, "conv" in has
+    recipes = [(True, 0, True, head, bold, bold_batch)] * has_res  # (residual, first channel step, pools, ...)
+    recipes += [(True, 1, False, "max", bold, bold_batch)] * (has_res and small and "max" in space.heads)
+    recipes += [(False, 1, True, head, bold, bold_batch)] * has_conv
+    recipes += [(True, 0, True, head, safe, safe_batch)] * has_res
     out = []
-    for residual, first, lr, batch in recipes:
-        if layers := _cnn(space, problem, residual, first):
-            out.append(Genome(layers=tuple(layers), **_training(space, head, lr, batch)))
+    for residual, first, pools, top, lr, batch in recipes:
+        if layers := _cnn(space, problem, residual, first, pools):
+            out.append(Genome(layers=tuple(layers), **_training(space, top, lr, batch)))
     return out

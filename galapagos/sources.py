@@ -34,17 +34,17 @@ class JournalSource:
 
     def journal_result(self, r: Result, what: dict) -> dict | None:
         """Journal a finished task; None for a cancelled one (the job is ending: nothing is kept, a resume redoes
-        it). A Genome in `what` becomes its JSON."""
+        it). A Genome in `what` is written as its canonical JSON, made once, and stays a Genome in the record
+        returned (Genome.from_json and NetworkDir.write take either): its dict is made only where it is needed."""
         curve = self.curves.pop(r.id, [])
         if r.status == Status.CANCELLED:
             return None
         record = journal_record(r, curve, what)
-        genome, text = record.get("genome"), None
-        if isinstance(genome, Genome):  # written as its canonical JSON, made once; a dict in the record
-            record["genome"], text = genome.to_json(), {"genome": genome.canonical()}
+        genome = record.get("genome")
+        text = {"genome": genome.canonical()} if isinstance(genome, Genome) else None
         self.journal.append(record, text)
         if self.keep:
-            self.records.append(record)
+            self.records.append(record if text is None else {**record, "genome": genome.to_json()})
         self.done += 1
         self.by_status[record["status"]] += 1
         return record

@@ -156,6 +156,18 @@ def test_population_ages():
     assert [c.id for c, _ in engine.population] == list(range(7, 12))  # the 5 most recent told; oldest died
 
 
+def test_only_finished_trainings_join_the_population():
+    engine = Engine(SPACE, TABULAR, EvolutionConfig(population_size=3, tournament_size=2))
+    cands = [engine.ask() for _ in range(5)]
+    engine.tell(cands[0].id, 0.9)
+    engine.tell(cands[1].id, 0.5, "pruned")  # a partial training: it does not age the finished ones out
+    engine.tell(cands[2].id, None, "crashed")
+    engine.tell(cands[3].id, float("nan"), "nan")
+    engine.tell(cands[4].id, 0.4)
+    assert [c.id for c, _ in engine.population] == [0, 4]
+    assert engine.num_told == 5 and engine.best[0] == 0 and engine.has_seen(cands[1].genome)
+
+
 def test_out_of_order_tells():
     engine = Engine(SPACE, TABULAR, EvolutionConfig(population_size=4, tournament_size=2))
     cands = [engine.ask() for _ in range(6)]

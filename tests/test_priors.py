@@ -29,7 +29,8 @@ NARROW = SearchSpace(channels=(4, 12), kernels=(5, 7), units=(24, 48), activatio
 def test_priors_build_and_keep_to_the_space(name, space):
     problem = PROBLEMS[name]
     priors = prior_genomes(space, problem)
-    assert len(priors) == (2 if problem.spatial_dims == 0 else 3 if problem.is_dense else 4)
+    full_res = problem.is_classification and problem.spatial_dims > 0 and "max" in space.heads
+    assert len(priors) == (2 if problem.spatial_dims == 0 else 3 + (not problem.is_dense) + full_res)
     assert len({g.key for g in priors}) == len(priors)
     for genome in priors:
         checked = check_genome(genome, problem, space)
@@ -47,9 +48,10 @@ def test_priors_build_and_keep_to_the_space(name, space):
         if problem.spatial_dims == 0:
             assert not any(g.type in SPATIAL_TYPES for g in genome.layers)
     if problem.spatial_dims:
-        assert [g.layers[0].type for g in priors[:3]] == ["residual", "conv", "residual"]
+        assert [g.layers[0].type for g in priors[:3 + full_res]] == ["residual"] * (1 + full_res) + ["conv",
+                                                                                                  "residual"]
         if not problem.is_dense:  # the last: an MLP on the flattened input
-            assert priors[3].head == "flatten" and {g.type for g in priors[3].layers} <= {"dense", "norm"}
+            assert priors[-1].head == "flatten" and {g.type for g in priors[-1].layers} <= {"dense", "norm"}
         assert priors[0].optimizer == ("adamw" if "adamw" in space.optimizers else "adam")
 
 
@@ -61,6 +63,19 @@ def test_priors_widen_the_view_along_sequences_and_pool_as_the_channels_grow():
     channels = [g["channels"] for g in image.layers if g.type == "residual"]
     assert channels == sorted(channels) and channels[0] == 8 and channels[-1] == 32
     assert sum(g.type == "pool" for g in image.layers) == 4 and len(image.layers) == 8  # 32 -> 2 in 8 layers
+
+
+def test_a_small_input_classifier_also_gets_a_network_that_never_pools_under_a_max_head():
+    space = SearchSpace(channels=(8, 16, 32), max_layers=6)
+    for problem in (Problem((1, 16, 16), "classification", 6), PROBLEMS["1d"]):
+        full = prior_genomes(space, problem)[1]
+        assert full.head == "max" and [g.type for g in full.layers] == ["residual", "residual"]
+        assert [g["channels"] for g in full.layers] == [16, 32]  # one channel step up, then the next
+    for problem in (PROBLEMS["3d"], Problem((1, 16, 16), "regression", 1), Problem((3, 128, 128), "classification",
+                                                                                    10)):
+        assert all(any(g.type == "pool" for g in genome.layers) for genome in prior_genomes(space, problem)
+                   if genome.head != "flatten")  # regression, or a large input: every conv prior pools
+    assert "max" not in {g.head for g in prior_genomes(SearchSpace(heads=("avg", "flatten")), PROBLEMS["2d"])}
 
 
 def test_priors_only_of_the_layers_the_space_has():
