@@ -5,7 +5,8 @@ the population is the ``population_size`` most recently *told* results; each new
 among them; the oldest result leaves as a new one arrives (ageing), so a lucky early evaluation cannot dominate
 forever. Only finished trainings join it: a pruned candidate's fitness is a partial training's and a failed one
 has none, and either would push a fully trained member out (with median pruning most candidates are pruned, and a
-good early network aged out before it was ever a parent). This suits thousands of workers finishing at different times: the master asks whenever a worker is free.
+good early network aged out before it was ever a parent). This suits thousands of workers finishing at different
+times: the master asks whenever a worker is free.
 
 Every ask draws from its own generator seeded by (seed, candidate id), so a run is determined by its seed and
 the order of tells, and a resumed run (:meth:`Engine.replay`) proposes what the uninterrupted run would have.
