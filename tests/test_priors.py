@@ -48,8 +48,8 @@ def test_priors_build_and_keep_to_the_space(name, space):
         if problem.spatial_dims == 0:
             assert not any(g.type in SPATIAL_TYPES for g in genome.layers)
     if problem.spatial_dims:
-        assert [g.layers[0].type for g in priors[:3 + full_res]] == ["residual"] * (1 + full_res) + ["conv",
-                                                                                                  "residual"]
+        expected = ["residual"] * (1 + full_res) + ["conv", "residual"]
+        assert [g.layers[0].type for g in priors[:3 + full_res]] == expected
         if not problem.is_dense:  # the last: an MLP on the flattened input
             assert priors[-1].head == "flatten" and {g.type for g in priors[-1].layers} <= {"dense", "norm"}
         assert priors[0].optimizer == ("adamw" if "adamw" in space.optimizers else "adam")
@@ -71,8 +71,8 @@ def test_a_small_input_classifier_also_gets_a_network_that_never_pools_under_a_m
         full = prior_genomes(space, problem)[1]
         assert full.head == "max" and [g.type for g in full.layers] == ["residual", "residual"]
         assert [g["channels"] for g in full.layers] == [16, 32]  # one channel step up, then the next
-    for problem in (PROBLEMS["3d"], Problem((1, 16, 16), "regression", 1), Problem((3, 128, 128), "classification",
-                                                                                    10)):
+    big = Problem((3, 128, 128), "classification", 10)
+    for problem in (PROBLEMS["3d"], Problem((1, 16, 16), "regression", 1), big):
         assert all(any(g.type == "pool" for g in genome.layers) for genome in prior_genomes(space, problem)
                    if genome.head != "flatten")  # regression, or a large input: every conv prior pools
     assert "max" not in {g.head for g in prior_genomes(SearchSpace(heads=("avg", "flatten")), PROBLEMS["2d"])}
