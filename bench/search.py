@@ -32,9 +32,11 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from datashare.format import inspect, load
+from datashare.write import write_dataset
 from evolve.build import check_genome
 from evolve.errors import InvalidGenome
 from evolve.genome import GENE_FIELDS, Gene, Genome
@@ -45,8 +47,20 @@ from evolve.train import normalization_stats, train_candidate
 from examples import cosmoflow, shapes, signals, tabular
 from galapagos.config import Config, load_config
 
+def signals_permuted(out_path: str | Path, *, seed: int = 0) -> None:
+    """examples/signals.py with the positions of every trace permuted by one fixed permutation: convolutions are
+    the wrong prior there, an MLP on the flattened input the right one (issue 10's second case)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        info = signals.generate(Path(tmp) / "signals.h5", seed=seed)
+        _, arrays = load(Path(tmp) / "signals.h5")
+    perm = np.random.default_rng(0).permutation(info.sample_shape[-1])
+    write_dataset(out_path, {split: (x[..., perm], y) for split, (x, y) in arrays.items()}, task=info.task,
+                  num_classes=info.num_classes, name="signals-permuted")
+
+
 DATASETS = {  # name -> (generator, its arguments): each small enough that a candidate trains in seconds on a core
     "signals": (signals.generate, {}),
+    "signals-permuted": (signals_permuted, {}),
     "shapes": (shapes.generate, {}),
     "cosmoflow": (cosmoflow.generate, {"samples": 1200, "size": 12}),
     "tabular": (tabular.generate, {}),

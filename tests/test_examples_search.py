@@ -1,5 +1,5 @@
-"""The bundled signals and tabular generators, and the Optuna side of bench/search.py: its trials draw genomes of
-Galapagos's search space that check_genome accepts."""
+"""The bundled signals and tabular generators, bench/search.py's permuted signals, and the Optuna side of
+bench/search.py: its trials draw genomes of Galapagos's search space that check_genome accepts."""
 
 from __future__ import annotations
 
@@ -31,8 +31,24 @@ def test_generators_write_valid_files_deterministic_by_seed(tmp_path, module, sh
         assert set(np.unique(a["train"][1])) == set(range(classes))
 
 
+def test_the_permuted_signals_are_the_signals_with_one_permutation_of_their_positions(tmp_path):
+    from bench.search import signals_permuted
+
+    signals_permuted(tmp_path / "permuted.h5")
+    info, permuted = load(validate(tmp_path / "permuted.h5").path)
+    _, plain = load(signals.generate(tmp_path / "plain.h5").path)
+    x, xp = plain["train"][0][:, 0], permuted["train"][0][:, 0]
+    perm = [int(np.flatnonzero((x == xp[:, [j]]).all(axis=0))[0]) for j in range(x.shape[1])]
+    assert sorted(perm) == list(range(128)) and perm != list(range(128))
+    for split in ("train", "val", "test"):
+        assert np.array_equal(permuted[split][0], plain[split][0][..., perm])
+        assert np.array_equal(permuted[split][1], plain[split][1])
+    assert (info.task, info.num_classes) == ("classification", 10)
+
+
 @pytest.mark.parametrize("name, problem", [
     ("signals", Problem((1, 128), "classification", 10)),
+    ("signals-permuted", Problem((1, 128), "classification", 10)),
     ("shapes", Problem((1, 16, 16), "classification", 6)),
     ("cosmoflow", Problem((1, 12, 12, 12), "regression", 2)),
     ("tabular", Problem((24,), "regression", 1)),
