@@ -15,7 +15,8 @@ Each contestant gets M minutes of wall time from its launch, start-up included: 
 (its clean stop) when they end, and the Optuna processes stop there; like Galapagos's, a trial still training then
 is abandoned. The score is the test score (accuracy, or mean R^2) of the contestant's best network by validation,
 from `galapagos predict --split test --json` for all four (the Optuna winner is saved as a network directory).
-The data come from the bundled generators (seed 0); the config of each dataset is bench/search_configs/NAME.toml.
+The data come from the bundled generators (seed 0), and `signals-permuted` from the signals with every trace's
+positions permuted (convolutions the wrong prior); the config of each dataset is bench/search_configs/NAME.toml.
 Prints one JSON line per run, then the mean and standard deviation over seeds per dataset and contestant.
 """
 from __future__ import annotations
