@@ -48,6 +48,7 @@ from evolve.train import normalization_stats, train_candidate
 from examples import cosmoflow, shapes, signals, tabular
 from galapagos.config import Config, load_config
 
+
 def signals_permuted(out_path: str | Path, *, seed: int = 0) -> None:
     """examples/signals.py with the positions of every trace permuted by one fixed permutation: convolutions are
     the wrong prior there, an MLP on the flattened input the right one (issue 10's second case)."""
