@@ -237,7 +237,8 @@ class Engine:
     def tell(self, candidate_id: int, fitness: float | None, status: str = "ok", values: Values | None = None
              ) -> None:
         """Report a result. Only a finished one (``status`` "ok" and a finite ``fitness``) joins the population;
-        a pruned or failed one (timeout, NaN, crash: ``fitness`` None) is only remembered as seen.
+        a pruned or failed one (timeout, NaN, crash: ``fitness`` None) stays out of it, though it counts as told
+        and a pruned one's fitness as a result (``best``).
         With several objectives, ``values`` holds one per objective (:func:`objective_values`); None leaves the
         candidate out of the population."""
         candidate = self._pending.pop(candidate_id, None)
