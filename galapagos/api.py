@@ -12,9 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from galapagos.options import EnsembleOptions, EvolveOptions, PredictOptions
+from galapagos.mpijob import FlowRef
+from galapagos.options import TRAIN_TASK, EnsembleOptions, EvolveOptions, PredictOptions
 
 PathLike = str | Path
+# The jobs that run a flow over MPI ranks (galapagos.mpijob); worker ranks import none of them.
+FLOWS = {"evolve": FlowRef("galapagos.evolution", task=TRAIN_TASK),
+         "design": FlowRef("galapagos.designing", phases=2, task=TRAIN_TASK),
+         "ensemble": FlowRef("galapagos.ensembling", task=TRAIN_TASK)}
 
 
 def evolve(data: PathLike, out: PathLike, *, config: PathLike | None = None, set: tuple[str, ...] = (),
@@ -141,18 +146,17 @@ def import_data(npz: PathLike, out: PathLike, *, task: str | None = None, num_cl
 
 def run(name: str, opts: Any) -> dict | None:
     """Run a job by name with its options (an options object or its dict): the one entry of every job."""
-    from galapagos import designing, ensembling, evolution, inference
     from galapagos.mpijob import run as run_flow
 
     kinds = {"evolve": EvolveOptions, "design": EvolveOptions, "ensemble": EnsembleOptions, "predict": PredictOptions}
     if isinstance(opts, dict):
         opts = kinds[name].from_dict(opts)
     if name == "predict":
+        from galapagos import inference
+
         return inference.run(opts)
-    flows = {"evolve": evolution.FLOW, "design": designing.FLOW, "ensemble": ensembling.FLOW}
-    return run_flow(flows[name], opts)
+    return run_flow(FLOWS[name], opts)
 
 
 def _str(path: PathLike | None) -> str | None:
     return None if path is None else str(path)
-

@@ -23,6 +23,7 @@ from evolve.settings import Check, Table
 from evolve.space import SearchSpace
 from evolve.train import TrainConfig
 from galapagos.datamode import DataConfig
+from galapagos.options import TRAIN_TASK
 
 if TYPE_CHECKING:
     from galapagos.options import EvolveOptions
@@ -43,7 +44,7 @@ class RunConfig(Table):
     prune_after: int = 2  # epochs a candidate always gets
     prune_min_results: int = 6  # finished candidates needed before pruning starts
     keep_models: int = 5  # weights of the top evaluations kept in models/
-    task: str = "evolve.train:train_task"  # the function a trainer child runs for each candidate
+    task: str = TRAIN_TASK  # the function a trainer child runs for each candidate
     chunk_mib: int = 64  # bytes per piece of the dataset sent between nodes
     readers: int = 1  # node leaders that read the dataset file, each a disjoint part; 0 = every node's leader
     prefetch: int = -1  # tasks queued on a worker beyond the one it runs; -1 = one while tasks are short

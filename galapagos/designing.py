@@ -37,4 +37,4 @@ def master(comm: Any, opts: EvolveOptions) -> dict:
     return {"evolution": summary, "ensemble": metrics, "report": report}
 
 
-FLOW = Flow("design", evolution.check, master, phases=2, salvage=evolution.salvage)
+FLOW = Flow("design", evolution.check, master, salvage=evolution.salvage)

@@ -8,6 +8,7 @@ that job writes its result (or its one-line error) to a file that this process r
 from __future__ import annotations
 
 import atexit
+import importlib
 import json
 import logging
 import os
@@ -57,9 +58,23 @@ class Flow:
     name: str
     check: Callable[[Any], Any]  # options -> anything; raises on bad input, writes nothing
     master: Callable[[Any, Any], dict | None]  # (comm, options) -> the result, on rank 0
-    phases: int = 1  # jobs each worker rank serves in turn (design: evolution, then ensemble)
     # (options, exit code) -> a summary written from the run's files, when the job died without rank 0's result
     salvage: Callable[[Any, int], dict | None] | None = None
+
+
+@dataclass(frozen=True)
+class FlowRef:
+    """A flow by the module that holds it (as FLOW), and what a worker rank needs of it: a worker rank never imports
+    the flow, which imports torch (rank 0 counts parameters, saves networks); on a worker rank only the trainer
+    child trains, and a rank that skips torch starts in a fraction of a second instead of reading torch's thousands
+    of files from the shared file system beside every other rank (bench/first_task.py)."""
+
+    module: str
+    phases: int = 1  # jobs each worker rank serves in turn (design: evolution, then ensemble)
+    task: str | None = None  # the task function its trainer children most likely run, imported before the setup
+
+    def load(self) -> Flow:
+        return importlib.import_module(self.module).FLOW
 
 
 class RunLogHandler(logging.FileHandler):
@@ -89,18 +104,19 @@ def default_workers() -> int:
     return gpu_count() or core_count(allowed_cores())
 
 
-def run(flow: Flow, opts: Any) -> dict | None:
+def run(ref: FlowRef, opts: Any) -> dict | None:
     """The flow's result on rank 0 (or in the process that started the job); None on the other ranks."""
     from launch.mpi import under_launcher
 
     if not under_launcher():
+        flow = ref.load()
         flow.check(opts)
         return start_ranks(flow.name, opts, default_workers() if opts.workers is None else opts.workers,
                            salvage=flow.salvage)
-    return run_rank(flow, opts)
+    return run_rank(ref, opts)
 
 
-def run_rank(flow: Flow, opts: Any) -> dict | None:
+def run_rank(ref: FlowRef, opts: Any) -> dict | None:
     """This rank's part of a job started by a launcher."""
     from launch.mpi import world
     from launch.runtime import announce_ready, catch_stop_signals
@@ -111,9 +127,10 @@ def run_rank(flow: Flow, opts: Any) -> dict | None:
     check_wired(comm)
     announce_ready(comm)
     if comm.size < 2:
-        raise UsageError(f"galapagos {flow.name} needs at least one worker: run it under mpiexec/srun with 2 or "
+        raise UsageError(f"galapagos {ref.load().name} needs at least one worker: run it under mpiexec/srun with 2 or "
                          "more ranks (rank 0 is the master), or start it without MPI and pass --workers W")
     if comm.rank == 0:
+        flow = ref.load()
         workers = getattr(opts, "workers", None)
         if workers and workers != comm.size - 1:
             log.warning("--workers %d ignored: this job has %d worker rank(s)", workers, comm.size - 1)
@@ -124,8 +141,8 @@ def run_rank(flow: Flow, opts: Any) -> dict | None:
         except (Exception, KeyboardInterrupt) as exc:
             abort(comm, flow.name, exc, getattr(opts, "out", None))
     setup_logging(comm.rank)
-    for phase in range(flow.phases):
-        if (code := worker_main(comm)) != 0:  # the master could not start this phase; it says why
+    for phase in range(ref.phases):
+        if (code := worker_main(comm, ref.task)) != 0:  # the master could not start this phase; it says why
             if phase == 0:
                 raise WorkerExit(code)
             break

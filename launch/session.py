@@ -85,10 +85,22 @@ def abort_if_lost(comm: Any, state: MasterState) -> None:
         os._exit(EXIT_LOST)  # MPICH's MPI_Abort may return before the launcher kills the job: go on with nothing
 
 
-def worker_main(comm: Any) -> int:
-    """Everything a worker rank does; returns its exit code."""
+def worker_main(comm: Any, preload: str | None = None) -> int:
+    """Everything a worker rank does; returns its exit code. `preload`: the task function the job most likely runs
+    (the setup names the one it runs): its trainer child starts at once and imports it (torch, for Galapagos's own:
+    seconds from a shared file system) while rank 0 checks its inputs and the data is shared."""
     # A scheduler's SIGUSR1 ahead of the wall time is for the master; ignored here, and so in the trainer children.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    supervisor = Supervisor(comm.rank, preload or "")
+    if preload:
+        supervisor.start()
+    try:
+        return _work(comm, supervisor)
+    finally:
+        supervisor.stop()
+
+
+def _work(comm: Any, supervisor: Supervisor) -> int:
     backoff = Backoff(longest=0.01)
     while (msg := comm.improbe(source=0, tag=TAG)) is None:
         backoff.sleep()
@@ -105,14 +117,9 @@ def worker_main(comm: Any) -> int:
     node = node_comm(comm)
     try:
         placement = _placement(comm, node)
-        supervisor = Supervisor(comm.rank, setup.task_fn, cores=list(placement.cores), device=placement.device,
-                                log_path=log_path)
-        supervisor.start()  # the trainer child imports its task function while the data is shared
-        try:
-            shared = share(comm, node, want=setup.want)
-        except BaseException:
-            supervisor.stop()
-            raise
+        supervisor.place(setup.task_fn, cores=list(placement.cores), device=placement.device, log_path=log_path)
+        supervisor.start()  # if not started yet: the trainer child imports its task function while the data is shared
+        shared = share(comm, node, want=setup.want)
     except DataShareError:
         return EXIT_BAD_INPUT  # every rank has the same error; the master reports it
     finally:

@@ -34,10 +34,9 @@ class Supervisor:
     def __init__(self, rank: int, task_fn: str, *, data: dict | None = None, cores: list[int] | None = None,
                  device: str = "cpu", log_path: Path | None = None, threads: int | None = None):
         self.rank, self.host = rank, socket.gethostname()
-        # torch (and OpenMP) threads: one per physical core of `cores`; hardware threads of a core share its units
-        threads = threads or (core_count(cores) if cores else 1)
-        self.setup = TrainerSetup(rank, task_fn, data, tuple(cores) if cores else None, device, threads)
-        self.log_path = log_path
+        self.setup = TrainerSetup(rank, task_fn, data, None, device, 1)
+        self.log_path: Path | None = None
+        self.place(task_fn, cores=cores, device=device, log_path=log_path, threads=threads)
         self.proc: subprocess.Popen | None = None
         self.conn = None
         self.ready = False  # the child has its setup and said TrainerReady
@@ -50,10 +49,20 @@ class Supervisor:
     # -- the child -------------------------------------------------------------------------------------------
     def start(self) -> None:
         """Start the child now: it imports its task function (torch, for Galapagos's own) while this rank goes on
-        (sharing the data); its setup goes with the first task, with the data given by attach(). Without this,
-        the first task starts it."""
+        (waiting for the job's setup, sharing the data); its setup goes with the first task, with what place() and
+        attach() gave. Without this, the first task starts it."""
         if self.proc is None:
             self._launch()
+
+    def place(self, task_fn: str, *, cores: list[int] | None = None, device: str = "cpu",
+              log_path: Path | None = None, threads: int | None = None) -> None:
+        """What the child runs, on which cores and device, and where it writes: known once the job's setup has come
+        and the node is placed; a child started before (start) gets it with its first task."""
+        # torch (and OpenMP) threads: one per physical core of `cores`; hardware threads of a core share its units
+        threads = threads or (core_count(cores) if cores else 1)
+        self.setup = TrainerSetup(self.rank, task_fn, self.setup.data, tuple(cores) if cores else None, device,
+                                  threads, str(log_path) if log_path else None)
+        self.log_path = log_path
 
     def attach(self, data: dict | None) -> None:
         """The shared data's descriptor (datashare.share.Shared.descriptor) for the child's setup."""

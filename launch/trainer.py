@@ -18,7 +18,8 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 from evolve.settings import load_function
-from launch.protocol import Cancel, Outcome, Progress, Status, Stop, Task, TrainerFailed, TrainerReady, TrainerSetup
+from launch.protocol import (Cancel, Outcome, Packed, Progress, Status, Stop, Task, TrainerFailed, TrainerReady,
+                             TrainerSetup)
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +73,8 @@ def run_one(fn: Callable, task: Task, ctx: TaskContext) -> Outcome:
     """Run one task and turn whatever happens into its Outcome."""
     ctx.task_id, ctx.best_fitness = task.id, None
     try:
-        out = fn(task.payload, ctx) or {}
+        payload = task.payload.load() if isinstance(task.payload, Packed) else task.payload
+        out = fn(payload, ctx) or {}
     except Cancelled as c:
         fitness = ctx.best_fitness if c.status == Status.PRUNED else None
         return Outcome(task.id, Status(c.status), fitness)
@@ -134,6 +136,19 @@ def _preload(task_fn: str | None) -> Callable | BaseException | None:
         return exc
 
 
+def _write_to(path: str) -> None:
+    """This process's output (stdout and stderr) appended to `path` from now on: a child started before the job's
+    setup named its log wrote nowhere until then."""
+    try:
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as exc:
+        log.warning("cannot write the trainer's log %s: %s", path, exc)
+        return
+    for fd in (1, 2):
+        os.dup2(out, fd)
+    os.close(out)
+
+
 def _received_fd(fd: int) -> int:
     """The shared copy's file descriptor, sent after the setup over the pipe (a Unix socket pair)."""
     with socket.socket(fileno=os.dup(fd)) as sock:
@@ -151,6 +166,8 @@ def main(fd: int, task_fn: str | None = None) -> None:
     if isinstance(setup, Stop):  # started ahead (Supervisor.start), and the job ended before it had a task
         return
     received = _received_fd(fd) if setup.data and setup.data.get("fd") is not None else None
+    if setup.log:
+        _write_to(setup.log)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"%(asctime)s trainer[rank {setup.rank}] %(levelname)s %(name)s: %(message)s")
     warnings.filterwarnings("ignore", message=".*non-writable.*")  # shared data is mapped read-only on purpose

@@ -1,11 +1,12 @@
 """Rank 0 fails unexpectedly while the workers wait for their setup: the job must end, not hang."""
 from types import SimpleNamespace
 
-from galapagos.mpijob import Flow, run_rank
+from galapagos.mpijob import Flow, FlowRef, run_rank
 
 
 def master(comm, opts):
     raise RuntimeError("boom")
 
 
-run_rank(Flow("boom", check=lambda opts: None, master=master), SimpleNamespace(out=None, workers=None))
+FLOW = Flow("boom", check=lambda opts: None, master=master)
+run_rank(FlowRef("__main__"), SimpleNamespace(out=None, workers=None))
