@@ -12,29 +12,17 @@
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
 from datashare.plan import array_name, split_arrays
-from datashare.stream import ChunkStream, StreamSpec
+from datashare.stream import ChunkStream
+from evolve.task import DEVICE_MODES, DataAccess
 
 __all__ = ["DataAccess", "DEVICE_MODES", "HostRows", "StreamBatches", "epoch_batches", "stats_sample",
            "fits_device", "resident_fits", "batch_data", "child_device", "GPU_TYPES"]
-
-#: how the training split reaches a GPU: auto (whole when it fits in half the free device memory), whole, batches
-DEVICE_MODES = ("auto", "whole", "batches")
-
-
-@dataclass(frozen=True)
-class DataAccess:
-    """How a trainer child reads the training split: streamed from a file (``stream``), or from the shared copy,
-    moved whole to the device or gathered batch by batch (``device``)."""
-
-    stream: StreamSpec | None = None
-    device: str = "auto"
 
 
 def fits_device(nbytes: int, device: torch.device, setting: str) -> bool:

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import logging
 import math
-import pickle
 import statistics
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
@@ -19,7 +17,7 @@ import torch.nn.functional as F
 
 from datashare.plan import split_arrays
 
-from evolve.batches import (GPU_TYPES, DataAccess, batch_data, child_device, epoch_batches, resident_fits,
+from evolve.batches import (GPU_TYPES, batch_data, child_device, epoch_batches, resident_fits,
                             stats_sample)
 from evolve.build import build_model, set_normalization
 from evolve.dense import class_counts, evaluate_dense, field_loss, field_stats, segmentation_loss
@@ -27,7 +25,7 @@ from evolve.genome import Genome
 from evolve.inherit import inherit_weights
 from evolve.netdir import save_weights
 from evolve.problem import Problem
-from evolve.settings import Check, Table
+from evolve.task import DataAccess, TrainConfig, TrainTask
 
 
 log = logging.getLogger(__name__)
@@ -35,38 +33,6 @@ log = logging.getLogger(__name__)
 
 class NonFiniteLoss(FloatingPointError):
     """The loss became NaN or infinite: the candidate diverged (the trainer records it as status `nan`)."""
-
-
-MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
-
-
-@dataclass(frozen=True)
-class TrainConfig(Table):
-    """The `[train]` table: how every candidate is trained (the genome holds what evolves)."""
-
-    section = "train"
-
-    epochs: int = 6
-    max_train_samples: int = 0  # per epoch; 0 = the whole training split
-    eval_batch_size: int = 1024
-    grad_clip: float = 5.0
-    mixed_precision: bool = True  # on GPUs only
-    builder: str = ""  # "module:function" making each network from its genome; "" = Galapagos's own (GenomeNet)
-    inherited_epochs: int = 0  # epochs of a child that inherited at least half its parameters; 0 = epochs
-    memory_format: str = "auto"  # 2D/3D conv nets: "auto" (channels-last on GPUs only), "channels_last", "contiguous"
-    compile: bool = False  # torch.compile each candidate: pays only where training is long against the compile
-
-    choices = {"memory_format": MEMORY_FORMATS}
-
-    def checks(self) -> list[Check]:
-        return [("epochs", self.epochs >= 1, "at least 1"),
-                ("max_train_samples", self.max_train_samples >= 0, "at least 0 (0 = the whole training split)"),
-                ("eval_batch_size", self.eval_batch_size >= 1, "at least 1"),
-                ("inherited_epochs", 0 <= self.inherited_epochs <= self.epochs, f"0 to epochs ({self.epochs})"),
-                ("grad_clip", self.grad_clip >= 0, "at least 0"),
-                ("builder", not self.builder or ":" in self.builder, "module:function, or \"\""),
-                ("compile", not self.compile or hasattr(torch, "compile"),
-                 f"false: torch {torch.__version__} has no torch.compile")]
 
 
 def _channel_axes(x: torch.Tensor) -> tuple[int, ...]:
@@ -350,42 +316,6 @@ def device_data(ctx: Any, splits: tuple[str, ...] = ("train", "val"), access: Da
                 tensors[split] = (Rows(to_device(a.x), index), to_device(a.y).index_select(0, index))
         ctx.cache["tensors"] = tensors
     return ctx.cache["tensors"]
-
-
-@dataclass(frozen=True)
-class TrainTask:
-    """One network to train: the payload of every task the master sends, from an evolution run or an ensemble
-    build, and what a task function (`run.task`, by default :func:`train_task`) receives."""
-
-    genome: Genome
-    problem: Problem
-    train: TrainConfig
-    seed: int = 0
-    save: str | None = None  # where the best epoch's weights go (a state_dict); None: not saved
-    inherit: str | None = None  # a parent's weights file to start from where the layers match; None: fresh
-    data: DataAccess | None = None  # how the training split is read (streamed, or batch by batch to a GPU)
-
-    def __reduce__(self):
-        # Pickled for every task rank 0 sends: the genome goes as its canonical JSON (made once, for its key), and
-        # what every task of a run shares as bytes pickled once. Pickled whole, a task cost rank 0 19 us, the most
-        # of any one step per task at whole-machine scale (bench/scale.py).
-        return _unpickle_task, (self.genome.canonical(), _shared_bytes(self.problem, self.train, self.data),
-                                self.seed, self.save, self.inherit)
-
-
-_shared: tuple = (None, None, None, b"")  # the last (problem, train, data) pickled, and their bytes
-
-
-def _shared_bytes(problem: Problem, train: TrainConfig, data: DataAccess | None) -> bytes:
-    global _shared
-    if not (_shared[0] is problem and _shared[1] is train and _shared[2] is data):
-        _shared = (problem, train, data, pickle.dumps((problem, train, data), pickle.HIGHEST_PROTOCOL))
-    return _shared[3]
-
-
-def _unpickle_task(genome: str, shared: bytes, seed: int, save: str | None, inherit: str | None) -> TrainTask:
-    problem, train, data = pickle.loads(shared)
-    return TrainTask(Genome.from_json(genome), problem, train, seed, save, inherit, data)
 
 
 def _parent(path: str | None) -> dict | None:

@@ -4,7 +4,7 @@
 This module owns the file and the tables only the application reads: `[run]` (budget, limits, the master's
 bookkeeping), `[ensemble]`, `[report]` (experiment tracking) and `[data]` (how the data is held, in datamode.py).
 The tables the algorithms take as parameters live beside them: `[space]` (evolve/space.py), `[evolution]`
-(evolve/engine.py) and `[train]` (evolve/train.py). All seven share one validation style, evolve/settings.py's
+(evolve/engine.py) and `[train]` (evolve/task.py). All seven share one validation style, evolve/settings.py's
 `Table`: field defaults give the types, `checks()` the ranges, and every error names `section.key`.
 """
 from __future__ import annotations
@@ -21,7 +21,7 @@ from evolve.engine import EvolutionConfig
 from evolve.errors import ConfigError
 from evolve.settings import Check, Table
 from evolve.space import SearchSpace
-from evolve.train import TrainConfig
+from evolve.task import TrainConfig
 from galapagos.datamode import DataConfig
 from galapagos.options import TRAIN_TASK
 

@@ -12,7 +12,7 @@ from datashare.budget import MODES, MemoryPlan, chunk_rows, memory_plan
 from datashare.format import DatasetInfo
 from datashare.plan import DataShareError, dataset_plan
 from datashare.stream import partial_plan, worker_want
-from evolve.batches import DEVICE_MODES, DataAccess
+from evolve.task import DEVICE_MODES, DataAccess
 from evolve.settings import Check, Table
 from galapagos.errors import UsageError
 

@@ -29,7 +29,7 @@ from evolve.genome import Genome
 from evolve.netdir import ModelError, NetworkDir
 from evolve.pareto import parse_pick
 from evolve.problem import Problem
-from evolve.train import TrainTask
+from evolve.task import TrainTask
 from galapagos.config import Config, ensemble_overrides, load_config
 from galapagos.mpijob import Flow, end_when_done, setup_logging, starting
 from galapagos.options import EnsembleOptions

@@ -25,7 +25,7 @@ from evolve.netdir import NetworkDir
 from evolve.pareto import OBJECTIVES, Front, objective_values
 from evolve.problem import Problem
 from evolve.settings import load_function
-from evolve.train import TrainTask
+from evolve.task import TrainTask
 from galapagos.config import Config, evolve_config, load_config
 from galapagos.datamode import data_memory, data_setup
 from galapagos.errors import NoResult, RunDirError, UsageError

@@ -14,7 +14,6 @@ Every message is a frozen dataclass from this module; statuses are :class:`Statu
 """
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -64,26 +63,8 @@ class SetupFailed:
 @dataclass(frozen=True)
 class Task:
     id: int
-    payload: Any  # the master sends it as Packed (see Task.packed); the trainer child's task function gets it as is
+    payload: Any
     time_limit: float | None = None
-
-    def packed(self) -> "Task":
-        """This task with its payload pickled: what the master sends (launch.runtime.master_serve)."""
-        return Task(self.id, Packed(pickle.dumps(self.payload, pickle.HIGHEST_PROTOCOL)), self.time_limit)
-
-
-@dataclass(frozen=True)
-class Packed:
-    """A task's payload as the master pickled it. A worker rank passes it to its trainer child unread, so that it
-    never imports what the payload is made of (torch and the network builder, for Galapagos's own tasks; a user's
-    modules, for theirs): a worker rank starts in a fraction of a second, and only the trainer child, which trains,
-    reads torch's thousands of files from the shared file system. The child unpickles it (launch.trainer.run_one);
-    a payload that cannot be read there fails its task, not the rank."""
-
-    data: bytes
-
-    def load(self) -> Any:
-        return pickle.loads(self.data)
 
 
 @dataclass(frozen=True)

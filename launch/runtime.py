@@ -279,7 +279,7 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                 if task.time_limit is not None:
                     heapq.heappush(watch, (sent[task.id] + task.time_limit + grace, task.id))
                 slots.change(rank, 1)
-                send(task.packed(), rank)
+                send(task, rank)
                 event = True
             if source.finished() and not state.running:
                 break

@@ -18,8 +18,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 from evolve.settings import load_function
-from launch.protocol import (Cancel, Outcome, Packed, Progress, Status, Stop, Task, TrainerFailed, TrainerReady,
-                             TrainerSetup)
+from launch.protocol import Cancel, Outcome, Progress, Status, Stop, Task, TrainerFailed, TrainerReady, TrainerSetup
 
 log = logging.getLogger(__name__)
 
@@ -73,8 +72,7 @@ def run_one(fn: Callable, task: Task, ctx: TaskContext) -> Outcome:
     """Run one task and turn whatever happens into its Outcome."""
     ctx.task_id, ctx.best_fitness = task.id, None
     try:
-        payload = task.payload.load() if isinstance(task.payload, Packed) else task.payload
-        out = fn(payload, ctx) or {}
+        out = fn(task.payload, ctx) or {}
     except Cancelled as c:
         fitness = ctx.best_fitness if c.status == Status.PRUNED else None
         return Outcome(task.id, Status(c.status), fitness)

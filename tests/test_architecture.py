@@ -117,6 +117,16 @@ def test_import_galapagos_gives_the_api_without_mpi_or_torch():
     assert not set(loaded) & {"mpi4py", "torch"}
 
 
+def test_what_a_worker_rank_runs_and_unpickles_loads_no_torch():
+    """A worker rank relays tasks to its trainer child: its modules and a task's payload (evolve.task) import no
+    torch, which only the child needs (tests/test_api.py checks it on real ranks)."""
+    code = ("import pickle, sys, galapagos.ranks, galapagos.api, galapagos.mpijob, launch.session, evolve.task\n"
+            "print('torch' in sys.modules)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
 def test_modules_stay_readable():
     long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"

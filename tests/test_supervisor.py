@@ -1,13 +1,12 @@
 """The trainer child under its supervisor: every way a task can end becomes a Result, and the child comes back."""
 from __future__ import annotations
 
-import pickle
 import time
 
 import pytest
 
 import launch.supervisor as supervisor_mod
-from launch.protocol import Packed, Progress, Result, Status, Task
+from launch.protocol import Progress, Result, Status, Task
 
 OK, PRUNED, FAILED, NAN, CRASHED, TIMEOUT = (Status.OK, Status.PRUNED, Status.FAILED, Status.NAN, Status.CRASHED,
                                             Status.TIMEOUT)
@@ -112,25 +111,6 @@ def test_unimportable_task_function_fails_each_task_clearly():
         events = s.submit(Task(1, None))
         assert len(events) == 1 and events[0].status == FAILED
         assert "no_such_module" in events[0].error
-    finally:
-        s.stop()
-
-
-def test_a_packed_payload_is_read_in_the_child_and_an_unreadable_one_fails_only_its_task():
-    s = Supervisor(1, "tests.faulty_tasks:quick")
-    try:
-        s.submit(Task(1, {**quick_payload(), "quick": True}).packed())
-        result, progress = wait_result(s)
-        assert result.status == OK and result.metrics == {"layers": 0} and len(progress) == 3
-        pid = s.proc.pid
-        # a payload the child cannot unpickle (a module the worker's Python lacks): its task fails, naming why
-        data = pickle.dumps({**quick_payload(), "status": OK}).replace(b"launch.protocol", b"nomodule.absent")
-        s.submit(Task(2, Packed(data)))
-        result, _ = wait_result(s)
-        assert result.status == FAILED and "nomodule" in result.error
-        s.submit(Task(3, quick_payload()).packed())
-        result, _ = wait_result(s)
-        assert result.status == OK and s.proc.pid == pid  # the same child
     finally:
         s.stop()
 

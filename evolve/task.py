@@ -1,0 +1,99 @@
+"""The payload of every task: what one network's training is given (a genome, the problem, the `[train]` table,
+how the data is read), and how it travels. Free of torch, so that a worker rank, which only passes tasks to its
+trainer child, unpickles them without importing torch (bench/first_task.py): the child trains
+(evolve/train.py).
+"""
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass
+
+from datashare.stream import StreamSpec
+from evolve.genome import Genome
+from evolve.problem import Problem
+from evolve.settings import Check, Table
+
+__all__ = ["DEVICE_MODES", "MEMORY_FORMATS", "DataAccess", "TrainConfig", "TrainTask"]
+
+#: how the training split reaches a GPU: auto (whole when it fits in half the free device memory), whole, batches
+DEVICE_MODES = ("auto", "whole", "batches")
+MEMORY_FORMATS = ("auto", "channels_last", "contiguous")
+
+
+@dataclass(frozen=True)
+class TrainConfig(Table):
+    """The `[train]` table: how every candidate is trained (the genome holds what evolves)."""
+
+    section = "train"
+
+    epochs: int = 6
+    max_train_samples: int = 0  # per epoch; 0 = the whole training split
+    eval_batch_size: int = 1024
+    grad_clip: float = 5.0
+    mixed_precision: bool = True  # on GPUs only
+    builder: str = ""  # "module:function" making each network from its genome; "" = Galapagos's own (GenomeNet)
+    inherited_epochs: int = 0  # epochs of a child that inherited at least half its parameters; 0 = epochs
+    memory_format: str = "auto"  # 2D/3D conv nets: "auto" (channels-last on GPUs only), "channels_last", "contiguous"
+    compile: bool = False  # torch.compile each candidate: pays only where training is long against the compile
+
+    choices = {"memory_format": MEMORY_FORMATS}
+
+    def checks(self) -> list[Check]:
+        return [("epochs", self.epochs >= 1, "at least 1"),
+                ("max_train_samples", self.max_train_samples >= 0, "at least 0 (0 = the whole training split)"),
+                ("eval_batch_size", self.eval_batch_size >= 1, "at least 1"),
+                ("inherited_epochs", 0 <= self.inherited_epochs <= self.epochs, f"0 to epochs ({self.epochs})"),
+                ("grad_clip", self.grad_clip >= 0, "at least 0"),
+                ("builder", not self.builder or ":" in self.builder, "module:function, or \"\""),
+                ("compile", not self.compile or _has_compile(), "false: this torch has no torch.compile")]
+
+
+def _has_compile() -> bool:
+    import torch  # only where a config asks for compile: this module stays free of torch
+
+    return hasattr(torch, "compile")
+
+
+@dataclass(frozen=True)
+class DataAccess:
+    """How a trainer child reads the training split: streamed from a file (``stream``), or from the shared copy,
+    moved whole to the device or gathered batch by batch (``device``)."""
+
+    stream: StreamSpec | None = None
+    device: str = "auto"
+
+
+@dataclass(frozen=True)
+class TrainTask:
+    """One network to train: the payload of every task the master sends, from an evolution run or an ensemble
+    build, and what a task function (`run.task`, by default evolve.train.train_task) receives."""
+
+    genome: Genome
+    problem: Problem
+    train: TrainConfig
+    seed: int = 0
+    save: str | None = None  # where the best epoch's weights go (a state_dict); None: not saved
+    inherit: str | None = None  # a parent's weights file to start from where the layers match; None: fresh
+    data: DataAccess | None = None  # how the training split is read (streamed, or batch by batch to a GPU)
+
+    def __reduce__(self):
+        # Pickled for every task rank 0 sends: the genome goes as its canonical JSON (made once, for its key), and
+        # what every task of a run shares as bytes pickled once. Pickled whole, a task cost rank 0 19 us, the most
+        # of any one step per task at whole-machine scale (bench/scale.py).
+        return _unpickle_task, (self.genome.canonical(), _shared_bytes(self.problem, self.train, self.data),
+                                self.seed, self.save, self.inherit)
+
+
+_shared: tuple = (None, None, None, b"")  # the last (problem, train, data) pickled, and their bytes
+
+
+def _shared_bytes(problem: Problem, train: TrainConfig, data: DataAccess | None) -> bytes:
+    global _shared
+    if not (_shared[0] is problem and _shared[1] is train and _shared[2] is data):
+        _shared = (problem, train, data, pickle.dumps((problem, train, data), pickle.HIGHEST_PROTOCOL))
+    return _shared[3]
+
+
+def _unpickle_task(genome: str, shared: bytes, seed: int, save: str | None, inherit: str | None) -> TrainTask:
+    problem, train, data = pickle.loads(shared)
+    return TrainTask(Genome.from_json(genome), problem, train, seed, save, inherit, data)
