@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 
 from evolve.train import train_task
@@ -69,3 +70,10 @@ def aborts_task_1(payload, ctx):
     if ctx.task_id == 1:
         os.abort()
     return train_task(payload, ctx)
+
+
+def noisy(payload, ctx):
+    """Writes a line to stdout and one to stderr: where a trainer child's output goes."""
+    print(f"noisy stdout {ctx.task_id}", flush=True)
+    print(f"noisy stderr {ctx.task_id}", file=sys.stderr, flush=True)
+    return {"fitness": 1.0}

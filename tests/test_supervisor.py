@@ -115,6 +115,20 @@ def test_unimportable_task_function_fails_each_task_clearly():
         s.stop()
 
 
+def test_a_child_started_before_the_setup_runs_the_task_function_and_writes_to_the_log_it_names(tmp_path):
+    s = Supervisor(1, "tests.faulty_tasks:quick")
+    try:
+        s.start()  # as a worker rank does before the job's setup comes: no log, a guessed task function
+        log = tmp_path / "trainer-1.log"
+        s.place("tests.faulty_tasks:noisy", log_path=log)
+        s.submit(Task(7, None))
+        result, _ = wait_result(s)
+        assert result.status == OK and result.fitness == 1.0
+        assert "noisy stdout 7" in log.read_text() and "noisy stderr 7" in log.read_text()
+    finally:
+        s.stop()
+
+
 def test_stop_while_a_task_runs_kills_the_child_promptly():
     s = Supervisor(1, "tests.faulty_tasks:ignores_cancel")
     s.submit(Task(9, None))
