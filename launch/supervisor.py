@@ -35,7 +35,6 @@ class Supervisor:
                  device: str = "cpu", log_path: Path | None = None, threads: int | None = None):
         self.rank, self.host = rank, socket.gethostname()
         self.setup = TrainerSetup(rank, task_fn, data, None, device, 1)
-        self.log_path: Path | None = None
         self.place(task_fn, cores=cores, device=device, log_path=log_path, threads=threads)
         self.proc: subprocess.Popen | None = None
         self.conn = None
@@ -62,7 +61,6 @@ class Supervisor:
         threads = threads or (core_count(cores) if cores else 1)
         self.setup = TrainerSetup(self.rank, task_fn, self.setup.data, tuple(cores) if cores else None, device,
                                   threads, str(log_path) if log_path else None)
-        self.log_path = log_path
 
     def attach(self, data: dict | None) -> None:
         """The shared data's descriptor (datashare.share.Shared.descriptor) for the child's setup."""
@@ -72,7 +70,7 @@ class Supervisor:
         parent, child = Pipe()  # a Unix socket pair: the shared data's descriptor goes through it (_handshake)
         env = {k: v for k, v in os.environ.items() if not k.startswith(_MPI_ENV_PREFIXES)}
         env.setdefault("OMP_NUM_THREADS", str(self.setup.threads))
-        out = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
+        out = open(self.setup.log, "ab") if self.setup.log else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen([sys.executable, "-m", "launch.trainer", str(child.fileno()),
                                           self.setup.task_fn], pass_fds=[child.fileno()], env=env, stdout=out,
@@ -105,7 +103,7 @@ class Supervisor:
             code = self.proc.wait()
             self.proc = None
             raise RuntimeError(f"trainer child on rank {self.rank} died while starting ({_describe_exit(code)})"
-                               + (f"; see {self.log_path}" if self.log_path else "")) from None
+                               + (f"; see {self.setup.log}" if self.setup.log else "")) from None
         if not isinstance(reply, TrainerReady):
             self._kill()
             why = reply.reason if isinstance(reply, TrainerFailed) else f"unexpected {reply!r}"
