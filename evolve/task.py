@@ -45,13 +45,14 @@ class TrainConfig(Table):
                 ("inherited_epochs", 0 <= self.inherited_epochs <= self.epochs, f"0 to epochs ({self.epochs})"),
                 ("grad_clip", self.grad_clip >= 0, "at least 0"),
                 ("builder", not self.builder or ":" in self.builder, "module:function, or \"\""),
-                ("compile", not self.compile or _has_compile(), "false: this torch has no torch.compile")]
+                self._compile_check()]
 
+    def _compile_check(self) -> Check:
+        if not self.compile:
+            return ("compile", True, "")
+        import torch  # only where a config asks for compile: this module stays free of torch
 
-def _has_compile() -> bool:
-    import torch  # only where a config asks for compile: this module stays free of torch
-
-    return hasattr(torch, "compile")
+        return ("compile", hasattr(torch, "compile"), f"false: torch {torch.__version__} has no torch.compile")
 
 
 @dataclass(frozen=True)
