@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from evolve.build import build_model, count_params
+from evolve.build import build_model
+from evolve.check import count_params
 from evolve.engine import Engine
 from evolve.problem import Problem
 from galapagos.config import load_config

@@ -8,7 +8,7 @@ Four contestants search the same space for the same data, one after another on t
 - `tpe`, `optuna-random`: W processes sharing one Optuna study (a journal file), TPESampler or RandomSampler
   seeded by 1000 * seed + process, MedianPruner with the config's `run.prune_after` and `run.prune_min_results`.
   Each trial maps Galapagos's `[space]` onto `trial.suggest_*` (`genome_from_trial`), repairs or rejects the genome
-  with `evolve.build.check_genome` (a rejected one is a pruned trial) and trains it with `evolve.train.
+  with `evolve.check.check_genome` (a rejected one is a pruned trial) and trains it with `evolve.train.
   train_candidate`: the same `[train]` recipe, splits, normalisation and seed per evaluation as a Galapagos worker,
   one torch thread per process, each process bound to one core, every epoch reported to the pruner.
 Each contestant gets M minutes of wall time from its launch, start-up included: Galapagos is stopped with SIGTERM
@@ -38,7 +38,7 @@ import torch
 
 from datashare.format import inspect, load
 from datashare.write import write_dataset
-from evolve.build import check_genome
+from evolve.check import check_genome
 from evolve.errors import InvalidGenome
 from evolve.genome import GENE_FIELDS, Gene, Genome
 from evolve.netdir import NetworkDir

@@ -35,7 +35,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from evolve.build import build_model, count_params, set_normalization
+from evolve.build import build_model, set_normalization
+from evolve.check import count_params
 from evolve.genome import Genome
 from evolve.problem import Problem
 from evolve.train import TrainConfig, TrainTask, device_data, normalization_stats, train_task

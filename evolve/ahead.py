@@ -31,7 +31,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .build import count_params
+from .check import count_params
 from .engine import Candidate, Engine
 from .errors import SearchExhausted
 from .problem import Problem

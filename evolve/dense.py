@@ -17,33 +17,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .genome import Gene
-from .space import spatial_shape_after
+from .check import DECODER_KERNEL
 
-__all__ = ["Decoder", "skip_points", "decoder_params", "class_counts", "segmentation_loss", "field_loss", "field_stats",
+__all__ = ["Decoder", "class_counts", "segmentation_loss", "field_loss", "field_stats",
            "confusion", "segmentation_scores", "field_sums", "field_scores", "evaluate_dense"]
 
 _CONV = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}
-DECODER_KERNEL = 3
-
-
-def skip_points(genes: Sequence[Gene], channels: int, shape: tuple[int, ...]) -> list[tuple[int, int]]:
-    """(index of the gene, channels entering it) for each spatial gene that changes the spatial size."""
-    points = []
-    for i, gene in enumerate(genes):
-        after = spatial_shape_after(gene, shape)
-        if after != shape:
-            points.append((i, channels))
-        if gene.type in ("conv", "residual"):
-            channels = gene["channels"]
-        shape = after
-    return points
-
-
-def decoder_params(skips: Sequence[int], channels: int, outputs: int, nd: int) -> int:
-    """Parameters of :class:`Decoder` (what count_params adds for a dense problem)."""
-    k = DECODER_KERNEL ** nd
-    return sum((channels + c) * channels * k + channels for c in skips) + channels * outputs + outputs
 
 
 class Decoder(nn.Module):

@@ -25,7 +25,7 @@ import random
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from .build import check_genome
+from .check import check_genome
 from .errors import InvalidGenome, SearchExhausted
 from .genome import Genome
 from .operators import crossover, mutate, select

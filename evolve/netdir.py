@@ -13,16 +13,17 @@ import shutil
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
-
-from evolve.build import build_model
 from evolve.files import replace_atomically, write_json
 from evolve.genome import Genome
 from evolve.problem import Problem
 
 GENOME, MODEL, METRICS = "genome.json", "model.pt", "metrics.json"
 FILES = (GENOME, MODEL, METRICS)
+
+if TYPE_CHECKING:
+    import torch
 
 
 class ModelError(ValueError):
@@ -72,6 +73,10 @@ class NetworkDir:
 
     def load(self, device: str = "cpu") -> tuple[torch.nn.Module, Genome, Problem]:
         """The network with its weights, in eval mode on `device`, with its genome and problem."""
+        import torch  # here, not at the top: rank 0 writes network directories without torch
+
+        from evolve.build import build_model
+
         if (missing := self.missing()) is not None:
             raise ModelError(f"{missing} is missing")
         try:
@@ -101,4 +106,6 @@ class NetworkDir:
 
 def save_weights(state: dict, path: str | Path) -> None:
     """A state_dict to `path`, atomically (a trainer saving a candidate's best epoch)."""
+    import torch
+
     replace_atomically(path, lambda tmp: torch.save(state, tmp))

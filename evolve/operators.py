@@ -5,7 +5,7 @@ passed in (so that a run depends only on its seed) exactly as DEAP draws from th
 winners and children for the same state (tests/test_operators.py checks it against DEAP), without DEAP's
 per-call individuals, which cost the master a fifth of its time per child at scale (bench/scale.py).
 
-Operators return raw offspring; :func:`evolve.build.check_genome` repairs and validates them.
+Operators return raw offspring; :func:`evolve.check.check_genome` repairs and validates them.
 """
 
 from __future__ import annotations

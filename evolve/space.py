@@ -205,7 +205,7 @@ class SearchSpace(Table):
         """A sensible random network: a spatial section (conv first) then a short dense section (dense first).
 
         Pools and strides are chosen to fit the shrinking input, so most samples need no repair; the engine still
-        runs :func:`evolve.build.check_genome` on every genome.
+        runs :func:`evolve.check.check_genome` on every genome.
         """
         n = rng.randint(self.min_layers, self.max_layers)
         spatial_types = self.section_types(problem, "spatial")

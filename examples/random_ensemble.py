@@ -19,7 +19,8 @@ import torch
 
 from datashare.format import load
 from ensemble.store import Manifest, Member, member_dir, save_manifest
-from evolve.build import build_model, check_genome, set_normalization
+from evolve.build import build_model, set_normalization
+from evolve.check import check_genome
 from evolve.errors import InvalidGenome
 from evolve.netdir import NetworkDir, save_weights
 from evolve.problem import Problem

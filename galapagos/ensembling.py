@@ -23,7 +23,7 @@ from datashare.plan import dataset_plan
 from ensemble.members import MemberSpec, choose_members
 from ensemble.selection import Selection, combine, pixel_samples, select
 from ensemble.store import EnsembleError, Manifest, Member, member_dir, save_manifest
-from evolve.build import count_params
+from evolve.check import count_params
 from evolve.files import write_json
 from evolve.genome import Genome
 from evolve.netdir import ModelError, NetworkDir

@@ -8,7 +8,6 @@ from __future__ import annotations
 import bisect
 import logging
 import os
-import random
 import shutil
 import time
 from collections import defaultdict
@@ -17,9 +16,9 @@ from typing import Any
 from datashare.format import DatasetInfo, inspect
 from datashare.share import DataShareError
 from evolve.ahead import Ahead
-from evolve.build import check_genome, count_params
+from evolve.check import count_params
 from evolve.engine import Engine
-from evolve.errors import InvalidGenome, SearchExhausted
+from evolve.errors import SearchExhausted
 from evolve.genome import Genome
 from evolve.netdir import NetworkDir
 from evolve.pareto import OBJECTIVES, Front, objective_values
@@ -31,7 +30,7 @@ from galapagos.datamode import data_memory, data_setup
 from galapagos.errors import NoResult, RunDirError, UsageError
 from galapagos.fingerprint import data_fingerprint
 from galapagos.mpijob import Flow, default_workers, end_when_done, setup_logging, starting
-from galapagos.options import EvolveOptions
+from galapagos.options import TRAIN_TASK, EvolveOptions
 from galapagos.progress import ProgressView, Snapshot
 from galapagos.reports import summarize
 from galapagos.rundir import RunDir
@@ -258,7 +257,10 @@ def check(opts: EvolveOptions) -> tuple[Config, DatasetInfo, dict]:
 
 
 def check_task(spec: str, key: str = "run.task") -> None:
-    """run.task (or train.builder) must name a function this Python can import (every node imports it alike)."""
+    """run.task (or train.builder) must name a function this Python can import (every node imports it alike).
+    Galapagos's own task is not imported here: it imports torch, which only the trainer children need."""
+    if spec == TRAIN_TASK:
+        return
     try:
         fn = load_function(spec, key)
     except (ImportError, AttributeError, ValueError) as exc:
@@ -294,10 +296,6 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
         run.check_room(config.run.keep_models + comm.size + config.evolution.inherit
                        * config.evolution.population_size, config.space.max_params)
         problem = Problem.of_dataset(info)
-        try:  # warms torch up before the clock of the run starts
-            check_genome(config.space.random_genome(random.Random(0), problem), problem, config.space)
-        except InvalidGenome:
-            pass
         engine = Engine(config.space, problem, config.evolution)
         if records:
             engine.replay(records)

@@ -65,9 +65,8 @@ class Flow:
 @dataclass(frozen=True)
 class FlowRef:
     """A flow by the module that holds it (as FLOW), and what a worker rank needs of it: a worker rank never imports
-    the flow, which imports torch (rank 0 counts parameters, saves networks); on a worker rank only the trainer
-    child trains, and a rank that skips torch starts in a fraction of a second instead of reading torch's thousands
-    of files from the shared file system beside every other rank (bench/first_task.py)."""
+    the flow (the engine, the journal, the checks); it only relays tasks to its trainer child, the one process of a
+    worker that imports torch and the task function (bench/first_task.py)."""
 
     module: str
     phases: int = 1  # jobs each worker rank serves in turn (design: evolution, then ensemble)

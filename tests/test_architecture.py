@@ -127,6 +127,33 @@ def test_what_a_worker_rank_runs_and_unpickles_loads_no_torch():
     assert proc.stdout.strip() == "False"
 
 
+def test_the_checks_before_a_run_and_the_master_s_genomes_load_no_torch(tmp_path):
+    """The starting command checks config, data and run directory, and rank 0 checks and counts every genome it
+    sends (evolve/check.py: shape arithmetic), without torch; only the trainer children import it."""
+    code = f"""import sys
+import numpy as np
+from datashare.write import import_npz
+from evolve.check import count_params
+from evolve.engine import Engine
+from evolve.problem import Problem
+from galapagos.api import FLOWS
+from galapagos.options import EvolveOptions
+rng = np.random.default_rng(0)
+np.savez("{tmp_path}/d.npz", **{{f"x_{{s}}": rng.normal(size=(n, 1, 16, 16)).astype(np.float32)
+                                for s, n in (("train", 64), ("val", 16))}},
+         **{{f"y_{{s}}": rng.integers(0, 3, n) for s, n in (("train", 64), ("val", 16))}})
+import_npz("{tmp_path}/d.npz", "{tmp_path}/d.h5", task="classification", num_classes=3)
+config, info, _ = FLOWS["evolve"].load().check(EvolveOptions("{tmp_path}/d.h5", "{tmp_path}/run", evaluations=4,
+                                                                workers=2))
+problem = Problem.of_dataset(info)
+engine = Engine(config.space, problem, config.evolution)
+assert all(count_params(engine.ask().genome, problem) > 0 for _ in range(20))
+print('torch' in sys.modules)"""
+    proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "False"
+
+
 def test_modules_stay_readable():
     long = {name: n for name, path in modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert not long, f"modules over {MAX_LINES} lines: {long}"

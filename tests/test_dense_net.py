@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from evolve.build import build_model, check_genome, count_params
+from evolve.build import build_model
+from evolve.check import check_genome, count_params
 from evolve.dense import confusion, field_scores, field_sums, segmentation_scores
 from evolve.genome import Genome
 from evolve.operators import crossover, mutate

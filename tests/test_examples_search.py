@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from datashare.format import load, validate
-from evolve.build import check_genome
+from evolve.check import check_genome
 from evolve.errors import InvalidGenome
 from evolve.genome import GENE_FIELDS
 from evolve.problem import Problem

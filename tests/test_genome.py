@@ -14,7 +14,8 @@ import sys
 import pytest
 import torch
 
-from evolve.build import _repair, build_model, check_genome, count_params, set_normalization
+from evolve.build import build_model, set_normalization
+from evolve.check import _repair, check_genome, count_params
 from evolve.errors import ConfigError, InvalidGenome
 from evolve.genome import Gene, Genome
 from evolve.problem import Problem

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from evolve import operators
-from evolve.build import build_model, check_genome
+from evolve.build import build_model
+from evolve.check import check_genome
 from evolve.genome import Gene, Genome
 from evolve.operators import MUTATIONS, crossover, make_toolbox, mutate, select
 from evolve.problem import Problem

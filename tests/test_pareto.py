@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from evolve.build import count_params
+from evolve.check import count_params
 from evolve.engine import Engine, EvolutionConfig
 from evolve.errors import ConfigError
 from evolve.pareto import Front, best_pick, dominates, nsga2_rank, nsga2_survivors, objective_values, parse_pick

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from evolve.build import check_genome, count_params
+from evolve.check import check_genome, count_params
 from evolve.engine import Engine, EvolutionConfig
 from evolve.genome import SPATIAL_TYPES
 from evolve.priors import prior_genomes
