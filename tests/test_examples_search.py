@@ -50,6 +50,7 @@ def test_the_permuted_signals_are_the_signals_with_one_permutation_of_their_posi
     ("signals", Problem((1, 128), "classification", 10)),
     ("signals-permuted", Problem((1, 128), "classification", 10)),
     ("shapes", Problem((1, 16, 16), "classification", 6)),
+    ("shapes-noisy", Problem((1, 16, 16), "classification", 6)),
     ("cosmoflow", Problem((1, 12, 12, 12), "regression", 2)),
     ("tabular", Problem((24,), "regression", 1)),
 ])
