@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 AHEAD = 64  # children bred before they are asked for
 BATCH = 16  # children the helper sends at once
-START_WAIT = 600.0  # seconds the first child may take (the helper imports torch, maybe from a slow file system)
+START_WAIT = 600.0  # seconds the first child may take (the helper starts Python, maybe from a slow file system)
 WAIT = 60.0  # seconds any later child may take before rank 0 gives up on the helper
 
 
@@ -207,7 +207,7 @@ def main(argv: list[str]) -> None:
     except BrokenPipeError:  # rank 0 closed its end: the run is over
         pass
     sys.stderr.flush()
-    os._exit(0)  # nothing to save: skip tearing torch down (a third of a second rank 0 would wait for)
+    os._exit(0)  # nothing to save: skip the interpreter's teardown, which rank 0 would wait for
 
 
 if __name__ == "__main__":
