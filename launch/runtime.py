@@ -12,7 +12,7 @@ import logging
 import os
 import signal
 import time
-from collections import defaultdict
+from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,11 +55,14 @@ class TaskSource(Protocol):
 class Slots:
     """How many tasks each worker rank holds, with the ranks bucketed by that count, so that the least loaded rank
     is found without looking at every rank: at whole-machine scale (tens of thousands of workers) a sort of all
-    of them per dispatch would fill the master's time (bench/scale.py)."""
+    of them per dispatch would fill the master's time (bench/scale.py). The buckets are OrderedDicts, whose first
+    entry is found through their linked list: a plain dict's `next(iter(d))` steps over the holes that every rank
+    leaving the bucket leaves behind, until the dict happens to resize (after the first round of 100,000 workers,
+    the empty idle bucket held 100,000 of them: 40-70 us a dispatch instead of 4)."""
 
     def __init__(self) -> None:
         self.held: dict[int, int] = {}
-        self.by_count: dict[int, dict[int, None]] = defaultdict(dict)  # count -> its ranks, an ordered set
+        self.by_count: dict[int, OrderedDict[int, None]] = defaultdict(OrderedDict)  # count -> its ranks, in order
 
     def add(self, rank: int) -> None:
         self.remove(rank)
