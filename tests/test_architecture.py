@@ -132,17 +132,15 @@ def test_the_checks_before_a_run_and_the_master_s_genomes_load_no_torch(tmp_path
     sends (evolve/check.py: shape arithmetic), without torch; only the trainer children import it."""
     code = f"""import sys
 import numpy as np
-from datashare.write import import_npz
+from datashare.write import write_dataset
 from evolve.check import count_params
 from evolve.engine import Engine
 from evolve.problem import Problem
 from galapagos.api import FLOWS
 from galapagos.options import EvolveOptions
 rng = np.random.default_rng(0)
-np.savez("{tmp_path}/d.npz", **{{f"x_{{s}}": rng.normal(size=(n, 1, 16, 16)).astype(np.float32)
-                                for s, n in (("train", 64), ("val", 16))}},
-         **{{f"y_{{s}}": rng.integers(0, 3, n) for s, n in (("train", 64), ("val", 16))}})
-import_npz("{tmp_path}/d.npz", "{tmp_path}/d.h5", task="classification", num_classes=3)
+write_dataset("{tmp_path}/d.h5", {{s: (rng.normal(size=(n, 1, 16, 16)).astype(np.float32), rng.integers(0, 3, n))
+                                  for s, n in (("train", 64), ("val", 16))}}, task="classification", num_classes=3)
 config, info, _ = FLOWS["evolve"].load().check(EvolveOptions("{tmp_path}/d.h5", "{tmp_path}/run", evaluations=4,
                                                                 workers=2))
 problem = Problem.of_dataset(info)
