@@ -1,15 +1,20 @@
-"""The bundled signals and tabular generators, bench/search.py's permuted signals, and the Optuna side of
-bench/search.py: its trials draw genomes of Galapagos's search space that check_genome accepts."""
+"""The bundled signals and tabular generators, bench/search.py's permuted signals, the Optuna side of
+bench/search.py (its trials draw genomes of Galapagos's search space that check_genome accepts) and its expert."""
 
 from __future__ import annotations
+
+import json
+import os
+import time
 
 import numpy as np
 import pytest
 
 from datashare.format import load, validate
-from evolve.check import check_genome
+from evolve.check import check_genome, count_params
 from evolve.errors import InvalidGenome
-from evolve.genome import GENE_FIELDS
+from evolve.genome import GENE_FIELDS, Genome
+from evolve.netdir import NetworkDir
 from evolve.problem import Problem
 from examples import signals, tabular
 from galapagos.config import load_config
@@ -46,14 +51,17 @@ def test_the_permuted_signals_are_the_signals_with_one_permutation_of_their_posi
     assert (info.task, info.num_classes) == ("classification", 10)
 
 
-@pytest.mark.parametrize("name, problem", [
+BENCH_PROBLEMS = [
     ("signals", Problem((1, 128), "classification", 10)),
     ("signals-permuted", Problem((1, 128), "classification", 10)),
     ("shapes", Problem((1, 16, 16), "classification", 6)),
     ("shapes-noisy", Problem((1, 16, 16), "classification", 6)),
     ("cosmoflow", Problem((1, 12, 12, 12), "regression", 2)),
     ("tabular", Problem((24,), "regression", 1)),
-])
+]
+
+
+@pytest.mark.parametrize("name, problem", BENCH_PROBLEMS)
 def test_optuna_trials_draw_genomes_of_the_galapagos_space(name, problem):
     optuna = pytest.importorskip("optuna", reason="Optuna is a benchmark extra: pip install -e '.[bench]'")
     from bench.search import CONFIGS, FIELD_CHOICES, genome_from_trial
@@ -81,3 +89,28 @@ def test_optuna_trials_draw_genomes_of_the_galapagos_space(name, problem):
             pass
         study.tell(trial, 0.0)
     assert accepted >= 90
+
+
+@pytest.mark.parametrize("name, problem", BENCH_PROBLEMS)
+def test_every_benchmark_dataset_has_an_expert_network_that_builds_for_it(name, problem):
+    from bench.search import CONFIGS
+
+    genome = Genome.from_json((CONFIGS / f"{name}.expert.json").read_text())
+    assert count_params(genome, problem) > 10_000
+    convolutional = any(g.type in ("conv", "residual") for g in genome.layers)
+    assert convolutional == (name in ("signals", "shapes", "shapes-noisy", "cosmoflow"))
+
+
+def test_the_expert_trains_its_network_then_a_longer_run_and_saves_the_best(tmp_path):
+    from bench.search import CONFIGS, run_expert
+
+    data = signals.generate(tmp_path / "signals.h5", samples=300).path
+    core = sorted(os.sched_getaffinity(0))[0]
+    row = run_expert(data, CONFIGS / "signals.toml", tmp_path / "expert", seed=0, workers=1, cores=[core],
+                     deadline=time.time() + 25, sets=["train.epochs=1"])
+    assert row["by_status"]["ok"] >= 1 and row["epochs"][0] == 1
+    assert all(e > 1 for e in row["epochs"][1:])  # the time left goes to longer trainings
+    runs = [json.loads(p.read_text()) for p in (tmp_path / "expert").glob("0-*.json")]
+    assert row["val"] == max(r["fitness"] for r in runs if "fitness" in r) and 0.0 < row["val"] <= 1.0
+    model, genome, _ = NetworkDir(row["model"]).load()
+    assert genome == Genome.from_json((CONFIGS / "signals.expert.json").read_text())
