@@ -109,7 +109,7 @@ def test_the_expert_trains_its_network_then_a_longer_run_and_saves_the_best(tmp_
     row = run_expert(data, CONFIGS / "signals.toml", tmp_path / "expert", seed=0, workers=1, cores=[core],
                      deadline=time.time() + 25, sets=["train.epochs=1"])
     assert row["by_status"]["ok"] >= 1 and row["epochs"][0] == 1
-    assert all(e > 1 for e in row["epochs"][1:])  # the time left goes to longer trainings
+    assert max(row["epochs"]) > 1  # the time left goes to a longer training
     runs = [json.loads(p.read_text()) for p in (tmp_path / "expert").glob("0-*.json")]
     assert row["val"] == max(r["fitness"] for r in runs if "fitness" in r) and 0.0 < row["val"] <= 1.0
     model, genome, _ = NetworkDir(row["model"]).load()
