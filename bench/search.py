@@ -238,6 +238,7 @@ def expert_worker(data: Path, config: Config, genome: dict, seed: int, worker: i
     os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
     problem, tensors, stats = _training_data(data)
+    network = Genome.from_json(genome)
     epochs = config.train.epochs
 
     def report(metrics: dict) -> None:
@@ -247,7 +248,7 @@ def expert_worker(data: Path, config: Config, genome: dict, seed: int, worker: i
     for i in itertools.count():
         start = time.time()
         try:
-            summary, state = train_candidate(Genome.from_json(genome), problem, tensors,
+            summary, state = train_candidate(network, problem, tensors,
                                              dataclasses.replace(config.train, epochs=epochs),
                                              seed=seed * 1_000_003 + 1000 * worker + i, report=report, stats=stats)
         except Deadline:  # abandoned, as the other contestants' last trainings are
