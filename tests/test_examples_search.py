@@ -53,6 +53,7 @@ def test_the_permuted_signals_are_the_signals_with_one_permutation_of_their_posi
 
 BENCH_PROBLEMS = [
     ("signals", Problem((1, 128), "classification", 10)),
+    ("signals-clean", Problem((1, 128), "classification", 10)),
     ("signals-permuted", Problem((1, 128), "classification", 10)),
     ("shapes", Problem((1, 16, 16), "classification", 6)),
     ("shapes-noisy", Problem((1, 16, 16), "classification", 6)),
@@ -64,9 +65,9 @@ BENCH_PROBLEMS = [
 @pytest.mark.parametrize("name, problem", BENCH_PROBLEMS)
 def test_optuna_trials_draw_genomes_of_the_galapagos_space(name, problem):
     optuna = pytest.importorskip("optuna", reason="Optuna is a benchmark extra: pip install -e '.[bench]'")
-    from bench.search import CONFIGS, FIELD_CHOICES, genome_from_trial
+    from bench.search import FIELD_CHOICES, config_path, genome_from_trial
 
-    space = load_config(CONFIGS / f"{name}.toml").space
+    space = load_config(config_path(name)).space
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
     accepted = 0
@@ -93,12 +94,12 @@ def test_optuna_trials_draw_genomes_of_the_galapagos_space(name, problem):
 
 @pytest.mark.parametrize("name, problem", BENCH_PROBLEMS)
 def test_every_benchmark_dataset_has_an_expert_network_that_builds_for_it(name, problem):
-    from bench.search import CONFIGS
+    from bench.search import config_path
 
-    genome = Genome.from_json((CONFIGS / f"{name}.expert.json").read_text())
+    genome = Genome.from_json(config_path(name).with_suffix(".expert.json").read_text())
     assert count_params(genome, problem) > 10_000
     convolutional = any(g.type in ("conv", "residual") for g in genome.layers)
-    assert convolutional == (name in ("signals", "shapes", "shapes-noisy", "cosmoflow"))
+    assert convolutional == (name in ("signals", "signals-clean", "shapes", "shapes-noisy", "cosmoflow"))
 
 
 def test_the_expert_trains_its_network_then_a_longer_run_and_saves_the_best(tmp_path):
