@@ -62,6 +62,12 @@ BENCH_PROBLEMS = [
 ]
 
 
+def test_the_bench_problems_list_every_benchmark_dataset():
+    from bench.search import DATASETS
+
+    assert [name for name, _ in BENCH_PROBLEMS] == list(DATASETS)
+
+
 @pytest.mark.parametrize("name, problem", BENCH_PROBLEMS)
 def test_optuna_trials_draw_genomes_of_the_galapagos_space(name, problem):
     optuna = pytest.importorskip("optuna", reason="Optuna is a benchmark extra: pip install -e '.[bench]'")
