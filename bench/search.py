@@ -30,7 +30,9 @@ positions permuted (convolutions the wrong prior), `signals-clean` from the sign
 network was tuned on it) and `shapes-noisy` from the shapes generator with more noise (sigma 0.45 instead of
 0.25) and twice the images, half of them for val and test: on the plain shapes every contestant's best network
 reaches the data's own limit (about 0.98) and 450 test images cannot rank them. The config of each dataset is
-bench/search_configs/NAME.toml, the variants sharing their generator's (`config_path`).
+bench/search_configs/NAME.toml, the variants sharing their generator's (`config_path`). With `--default-space`
+every contestant searches Galapagos's default space with its default recipe instead (an empty config: what a new
+user runs, as issue 10 measured), and the expert trains its network with that recipe.
 Prints one JSON line per run, then the mean and standard deviation over seeds per dataset and contestant.
 """
 from __future__ import annotations
@@ -95,8 +97,13 @@ FIELD_CHOICES = {"channels": "channels", "kernel": "kernels", "stride": "strides
 
 
 def config_path(name: str) -> Path:
-    """The dataset's search config; its expert's network is beside it (.expert.json)."""
+    """The dataset's search config."""
     return CONFIGS / f"{DATASETS[name][2]}.toml"
+
+
+def expert_path(name: str) -> Path:
+    """The dataset's hand-written network, beside its config."""
+    return config_path(name).with_suffix(".expert.json")
 
 
 class Deadline(Exception):
@@ -114,6 +121,7 @@ def genome_from_trial(trial, space: SearchSpace, problem: Problem) -> Genome:
     """A genome of Galapagos's search space from an Optuna trial, drawn as evolve.space draws a random network: a
     layer count, a spatial section starting with conv or residual, then up to MAX_DENSE genes starting with dense
     (only dense-section genes for tabular data), and the training genes. Not yet repaired: see check_genome."""
+    space = dataclasses.replace(space, kernels=space.kernel_choices(problem))
     n = trial.suggest_int("layers", space.min_layers, space.max_layers)
     spatial, dense = space.section_types(problem, "spatial"), space.section_types(problem, "dense")
     if problem.spatial_dims == 0 or not spatial:
@@ -278,10 +286,10 @@ def _expert_order(path: Path) -> tuple[int, ...]:
     return tuple(int(part) for part in path.stem.split("-"))  # WORKER-TRAINING
 
 
-def run_expert(data: Path, config_path: Path, out: Path, seed: int, workers: int, cores: list[int],
+def run_expert(data: Path, config_path: Path, expert: Path, out: Path, seed: int, workers: int, cores: list[int],
                deadline: float, sets: list[str]) -> dict:
     config = load_config(config_path, sets)
-    genome = json.loads(config_path.with_suffix(".expert.json").read_text())
+    genome = json.loads(expert.read_text())
     out.mkdir(parents=True)
     _spawn(expert_worker, [(data, config, genome, seed, w, cores[w % len(cores)], deadline, out)
                            for w in range(workers)], "expert")
@@ -367,6 +375,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--keep", type=Path, help="keep data, runs and logs in this new directory")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one value of every "
                    "dataset's config, for every contestant (e.g. train.epochs=3)")
+    p.add_argument("--default-space", action="store_true", help="every contestant with the default space and "
+                   "recipe (an empty config) instead of the dataset's")
     args = p.parse_args(argv)
     if {"tpe", "optuna-random"} & set(args.contestants):
         try:
@@ -380,6 +390,7 @@ def main(argv: list[str] | None = None) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=args.keep is None)
+        (work / "defaults.toml").write_text("")
         for name in args.datasets:
             generate, kwargs, _ = DATASETS[name]
             data = work / f"{name}.h5"
@@ -389,12 +400,13 @@ def main(argv: list[str] | None = None) -> None:
                     out = work / f"{name}-{contestant}-{seed}"
                     t0 = time.time()
                     deadline = t0 + 60 * args.minutes
-                    config = config_path(name)
+                    config = work / "defaults.toml" if args.default_space else config_path(name)
                     if contestant in ("evolution", "random"):
                         r = run_galapagos(contestant, data, config, out, seed, args.minutes, args.workers, deadline,
                                           args.set)
                     elif contestant == "expert":
-                        r = run_expert(data, config, out, seed, args.workers, cores, deadline, args.set)
+                        r = run_expert(data, config, expert_path(name), out, seed, args.workers, cores, deadline,
+                                       args.set)
                     else:
                         r = run_optuna(contestant, data, config, out, seed, args.workers, cores, deadline, args.set)
                     wall = time.time() - t0
@@ -404,7 +416,8 @@ def main(argv: list[str] | None = None) -> None:
                            "val": None if val is None else round(val, 4), **r, "wall_s": round(wall, 1)}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
-    print(f"\n{args.minutes:g} min per run, {args.workers} workers on cores {cores}, seeds {args.seeds}\n")
+    space = "the default space" if args.default_space else "each dataset's space"
+    print(f"\n{args.minutes:g} min per run, {args.workers} workers on cores {cores}, seeds {args.seeds}, {space}\n")
     print(table(rows, args.datasets, args.contestants))
 
 

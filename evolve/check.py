@@ -143,7 +143,8 @@ def _repair(genome: Genome, problem: Problem, space: SearchSpace) -> Genome:
         split = dense_start(layers)
         del layers[split - 1 if split > len(layers) - split else len(layers) - 1]
     if len(layers) < space.min_layers and problem.is_dense and "conv" in space.layer_types:
-        kernel = 3 if 3 in space.kernels else space.kernels[0]
+        kernels = space.kernel_choices(problem)
+        kernel = 3 if 3 in kernels else kernels[0]
         filler = Gene("conv", channels=space.channels[len(space.channels) // 2], kernel=kernel, stride=1,
                       act=space.activations[0])
         layers += [filler] * (space.min_layers - len(layers))

@@ -138,7 +138,7 @@ def _change_layer(genome: Genome, space: SearchSpace, problem: Problem, rng: ran
         value = gene["rate"] + rng.gauss(0.0, 0.1) if rng.random() < 0.7 else rng.uniform(lo, hi)
         value = min(max(value, lo), hi)
     else:
-        value = space.random_value(rng, gene.type, field)
+        value = space.random_value(rng, problem, gene.type, field)
     return genome.replace(layers=genome.layers[:i] + (gene.replace(**{field: value}),) + genome.layers[i + 1:])
 
 

@@ -66,8 +66,9 @@ def _norm(space: SearchSpace) -> Gene:
 def _cnn(space: SearchSpace, problem: Problem, residual: bool, first: int, pools: bool = True) -> list[Gene]:
     """Stages of (conv, norm, pool) or (residual, pool), channels rising through the space's list from its
     `first` as the input halves, within space.max_layers. Without `pools`: two stages at full resolution."""
-    kernels = [k for k in space.kernels if k <= KERNEL_1D] or [min(space.kernels)]
-    kernel = max(kernels) if problem.spatial_dims == 1 else _pick(space.kernels, 3)
+    choices = space.kernel_choices(problem)
+    kernels = [k for k in choices if k <= KERNEL_1D] or [min(choices)]
+    kernel = max(kernels) if problem.spatial_dims == 1 else _pick(choices, 3)
     channels = sorted(space.channels)
     has = set(space.layer_types)
     use_norm = "norm" in has and not residual  # a residual block has its own batch norms

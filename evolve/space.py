@@ -41,6 +41,10 @@ _SECTION_TYPES = {
 _TYPE_WEIGHTS = {"conv": 3.0, "residual": 2.0, "pool": 1.5, "norm": 1.0, "dropout": 0.7, "dense": 3.0}
 # The most genes a random network puts after the head.
 _MAX_RANDOM_DENSE = 3
+# `kernels = []` (the default) by the data's spatial dims: a sequence's patterns span more positions than an image's
+# or a volume's, and a kernel of 9 costs along one axis what one of 3 costs in 2D.
+KERNELS_BY_DIMS = {1: (1, 3, 5, 9)}
+KERNELS = (1, 3, 5)
 
 
 def _is_num(x: Any) -> bool:
@@ -58,7 +62,7 @@ def _range_ok(value: tuple, low: float, high: float, log: bool) -> bool:
     return lo <= hi and (lo > low if log else lo >= low) and hi <= high
 
 
-_INT_LISTS = ("channels", "kernels", "strides", "pool_sizes", "units", "batch_sizes")
+_INT_LISTS = ("channels", "strides", "pool_sizes", "units", "batch_sizes")
 _POSITIVE_INTS = "a non-empty list of positive integers"
 _LOG_RANGE = "a log-range [low, high] with 0 < low <= high"
 
@@ -70,6 +74,8 @@ class SearchSpace(Table):
     ``lr`` and ``weight_decay`` are log-uniform ranges ``[low, high]``; a genome gets no weight decay with
     probability ``zero_weight_decay_prob`` (``weight_decay = [0, 0]``: never any). ``dropout`` is a uniform range.
     ``max_flatten_features`` bounds the vector a ``flatten`` head may produce (larger ones switch to a pooling head).
+    ``kernels`` empty (the default) means (1, 3, 5, 9) along sequences and (1, 3, 5) on images and volumes
+    (:meth:`kernel_choices`).
     """
 
     section = "space"
@@ -80,7 +86,7 @@ class SearchSpace(Table):
     min_layers: int = 1
     max_layers: int = 10
     channels: tuple[int, ...] = (8, 16, 32, 64)
-    kernels: tuple[int, ...] = (1, 3, 5)
+    kernels: tuple[int, ...] = ()
     strides: tuple[int, ...] = (1, 2)
     pool_sizes: tuple[int, ...] = (2,)
     pool_ops: tuple[str, ...] = POOL_OPS
@@ -100,7 +106,7 @@ class SearchSpace(Table):
 
     def normalise(self) -> dict[str, Any]:
         # A value listed twice counts once (in lists of plain ints or strings: anything else fails its check).
-        lists = {name: getattr(self, name) for name in (*self.choices, *_INT_LISTS)}
+        lists = {name: getattr(self, name) for name in (*self.choices, *_INT_LISTS, "kernels")}
         return {name: tuple(dict.fromkeys(v)) for name, v in lists.items()
                 if isinstance(v, (list, tuple)) and all(is_int(x) or isinstance(x, str) for x in v)}
 
@@ -114,12 +120,17 @@ class SearchSpace(Table):
             ("max_flatten_features", self.max_flatten_features >= 1, "an integer >= 1"),
             ("max_layers", self.max_layers >= self.min_layers, f"an integer >= space.min_layers ({self.min_layers})"),
             *((name, _positive_ints(getattr(self, name)), _POSITIVE_INTS) for name in _INT_LISTS),
+            ("kernels", not self.kernels or _positive_ints(self.kernels), f"{_POSITIVE_INTS}, or [] for the default"),
             ("dropout", _range_ok(self.dropout, 0.0, MAX_DROPOUT, log=False),
              f"a range [low, high] with 0.0 <= low <= high <= {MAX_DROPOUT}"),
             ("lr", _range_ok(self.lr, 0.0, math.inf, log=True), _LOG_RANGE),
             ("weight_decay", no_decay or _range_ok(wd, 0.0, math.inf, log=True), f"{_LOG_RANGE}, or [0, 0] for none"),
             ("zero_weight_decay_prob", 0.0 <= self.zero_weight_decay_prob <= 1.0, "a probability in [0, 1]"),
         ]
+
+    def kernel_choices(self, problem: Problem) -> tuple[int, ...]:
+        """The kernel sizes a convolution may take: ``kernels``, or when it is empty the default for the data."""
+        return self.kernels or KERNELS_BY_DIMS.get(problem.spatial_dims, KERNELS)
 
     # --- sampling ---
     def section_types(self, problem: Problem, section: str) -> tuple[str, ...]:
@@ -134,12 +145,12 @@ class SearchSpace(Table):
             allowed = tuple(t for t in allowed if t not in SPATIAL_TYPES)
         return tuple(t for t in allowed if t in self.layer_types)
 
-    def random_value(self, rng: random.Random, gene_type: str, field: str) -> Any:
+    def random_value(self, rng: random.Random, problem: Problem, gene_type: str, field: str) -> Any:
         """A random value for one field of one gene type, from this space."""
         if field == "channels":
             return rng.choice(self.channels)
         if field == "kernel":
-            return rng.choice(self.kernels)
+            return rng.choice(self.kernel_choices(problem))
         if field == "stride":
             return rng.choice(self.strides)
         if field == "size":
@@ -175,7 +186,7 @@ class SearchSpace(Table):
                     f"{problem.spatial_dims} spatial dims (layer_types = {list(self.layer_types)})"
                 )
             gene_type = rng.choices(types, weights=[_TYPE_WEIGHTS[t] for t in types])[0]
-        values = {f: self.random_value(rng, gene_type, f) for f in GENE_FIELDS[gene_type]}
+        values = {f: self.random_value(rng, problem, gene_type, f) for f in GENE_FIELDS[gene_type]}
         if spatial_shape is not None:
             if gene_type == "pool":
                 fitting = self._pool_sizes_fitting(spatial_shape)

@@ -3,6 +3,7 @@ bench/search.py (its trials draw genomes of Galapagos's search space that check_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -16,6 +17,7 @@ from evolve.errors import InvalidGenome
 from evolve.genome import GENE_FIELDS, Genome
 from evolve.netdir import NetworkDir
 from evolve.problem import Problem
+from evolve.space import SearchSpace
 from examples import signals, tabular
 from galapagos.config import load_config
 
@@ -68,12 +70,14 @@ def test_the_bench_problems_list_every_benchmark_dataset():
     assert [name for name, _ in BENCH_PROBLEMS] == list(DATASETS)
 
 
+@pytest.mark.parametrize("default", [False, True], ids=["its-space", "default-space"])
 @pytest.mark.parametrize("name, problem", BENCH_PROBLEMS)
-def test_optuna_trials_draw_genomes_of_the_galapagos_space(name, problem):
+def test_optuna_trials_draw_genomes_of_the_galapagos_space(name, problem, default):
     optuna = pytest.importorskip("optuna", reason="Optuna is a benchmark extra: pip install -e '.[bench]'")
     from bench.search import FIELD_CHOICES, config_path, genome_from_trial
 
-    space = load_config(config_path(name)).space
+    space = SearchSpace() if default else load_config(config_path(name)).space
+    space = dataclasses.replace(space, kernels=space.kernel_choices(problem))  # the sizes a trial draws from
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
     accepted = 0
@@ -100,24 +104,24 @@ def test_optuna_trials_draw_genomes_of_the_galapagos_space(name, problem):
 
 @pytest.mark.parametrize("name, problem", BENCH_PROBLEMS)
 def test_every_benchmark_dataset_has_an_expert_network_that_builds_for_it(name, problem):
-    from bench.search import config_path
+    from bench.search import expert_path
 
-    genome = Genome.from_json(config_path(name).with_suffix(".expert.json").read_text())
+    genome = Genome.from_json(expert_path(name).read_text())
     assert count_params(genome, problem) > 10_000
     convolutional = any(g.type in ("conv", "residual") for g in genome.layers)
     assert convolutional == (name in ("signals", "signals-clean", "shapes", "shapes-noisy", "cosmoflow"))
 
 
 def test_the_expert_trains_its_network_then_a_longer_run_and_saves_the_best(tmp_path):
-    from bench.search import CONFIGS, run_expert
+    from bench.search import CONFIGS, expert_path, run_expert
 
     data = signals.generate(tmp_path / "signals.h5", samples=300).path
     core = sorted(os.sched_getaffinity(0))[0]
-    row = run_expert(data, CONFIGS / "signals.toml", tmp_path / "expert", seed=0, workers=1, cores=[core],
-                     deadline=time.time() + 25, sets=["train.epochs=1"])
+    row = run_expert(data, CONFIGS / "signals.toml", expert_path("signals"), tmp_path / "expert", seed=0, workers=1,
+                     cores=[core], deadline=time.time() + 25, sets=["train.epochs=1"])
     assert row["by_status"]["ok"] >= 1 and row["epochs"][0] == 1
     assert max(row["epochs"]) > 1  # the time left goes to a longer training
     runs = [json.loads(p.read_text()) for p in (tmp_path / "expert").glob("0-*.json")]
     assert row["val"] == max(r["fitness"] for r in runs if "fitness" in r) and 0.0 < row["val"] <= 1.0
     model, genome, _ = NetworkDir(row["model"]).load()
-    assert genome == Genome.from_json((CONFIGS / "signals.expert.json").read_text())
+    assert genome == Genome.from_json(expert_path("signals").read_text())

@@ -227,6 +227,22 @@ def test_space_config_errors_name_the_key(table, message):
         SearchSpace.from_dict(table)
 
 
+def test_default_kernels_depend_on_the_data_and_given_ones_stay():
+    seq, image, volume = (Problem(s, "classification", 3) for s in ((2, 64), (3, 8, 8), (1, 8, 8, 8)))
+    default = SearchSpace.from_dict({"kernels": []})
+    assert default == SearchSpace() and default.to_dict()["kernels"] == []
+    assert default.kernel_choices(seq) == (1, 3, 5, 9)
+    assert default.kernel_choices(image) == default.kernel_choices(volume) == (1, 3, 5)
+    rng = random.Random(0)
+    drawn = {default.random_value(rng, seq, "conv", "kernel") for _ in range(200)}
+    assert drawn == {1, 3, 5, 9}
+    assert {default.random_value(rng, image, "conv", "kernel") for _ in range(200)} == {1, 3, 5}
+    assert SearchSpace(kernels=(3, 7)).kernel_choices(seq) == SearchSpace(kernels=(3, 7)).kernel_choices(image) == (3, 7)
+    with pytest.raises(ConfigError, match=r"space.kernels: expected a non-empty list of positive integers, or \[\] "
+                       r"for the default, got \[3, 0\]"):
+        SearchSpace.from_dict({"kernels": [3, 0]})
+
+
 def test_space_allows_no_weight_decay():
     s = SearchSpace.from_dict({"weight_decay": [0, 0]})
     rng = random.Random(0)

@@ -42,7 +42,7 @@ def test_priors_build_and_keep_to_the_space(name, space):
         for gene in genome.layers:
             assert gene.type in space.layer_types
             assert gene.get("channels", space.channels[0]) in space.channels
-            assert gene.get("kernel", space.kernels[0]) in space.kernels
+            assert gene.get("kernel") in (None, *space.kernel_choices(problem))
             assert gene.get("units", space.units[0]) in space.units
             assert gene.get("act", space.activations[0]) in space.activations
         if problem.spatial_dims == 0:
