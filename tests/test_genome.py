@@ -237,7 +237,8 @@ def test_default_kernels_depend_on_the_data_and_given_ones_stay():
     drawn = {default.random_value(rng, seq, "conv", "kernel") for _ in range(200)}
     assert drawn == {1, 3, 5, 9}
     assert {default.random_value(rng, image, "conv", "kernel") for _ in range(200)} == {1, 3, 5}
-    assert SearchSpace(kernels=(3, 7)).kernel_choices(seq) == SearchSpace(kernels=(3, 7)).kernel_choices(image) == (3, 7)
+    given = SearchSpace(kernels=(3, 7))
+    assert given.kernel_choices(seq) == given.kernel_choices(image) == (3, 7)
     with pytest.raises(ConfigError, match=r"space.kernels: expected a non-empty list of positive integers, or \[\] "
                        r"for the default, got \[3, 0\]"):
         SearchSpace.from_dict({"kernels": [3, 0]})
