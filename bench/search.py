@@ -92,8 +92,6 @@ CONTESTANTS = ("evolution", "random", "tpe", "optuna-random", "expert")
 EXPERT_TIME_USED = 0.85  # of the time left that the expert's longer training is planned to take (a margin for noise)
 CONFIGS = Path(__file__).parent / "search_configs"
 MAX_DENSE = 3  # dense-section genes of a sampled network with a spatial section, as evolve.space samples them
-FIELD_CHOICES = {"channels": "channels", "kernel": "kernels", "stride": "strides", "size": "pool_sizes",
-                 "units": "units", "act": "activations", "op": "pool_ops", "kind": "norms"}
 
 
 def config_path(name: str) -> Path:
@@ -110,9 +108,9 @@ class Deadline(Exception):
     """The contestant's wall time is over: the trial in training is abandoned, as Galapagos abandons its tasks."""
 
 
-def _gene(trial, name: str, gene_type: str, space: SearchSpace) -> Gene:
+def _gene(trial, name: str, gene_type: str, space: SearchSpace, problem: Problem) -> Gene:
     values = {f: trial.suggest_float(f"{name}_{gene_type}_rate", *space.dropout) if f == "rate"
-              else trial.suggest_categorical(f"{name}_{gene_type}_{f}", getattr(space, FIELD_CHOICES[f]))
+              else trial.suggest_categorical(f"{name}_{gene_type}_{f}", space.field_choices(problem, f))
               for f in GENE_FIELDS[gene_type]}
     return Gene(gene_type, **values)
 
@@ -121,7 +119,6 @@ def genome_from_trial(trial, space: SearchSpace, problem: Problem) -> Genome:
     """A genome of Galapagos's search space from an Optuna trial, drawn as evolve.space draws a random network: a
     layer count, a spatial section starting with conv or residual, then up to MAX_DENSE genes starting with dense
     (only dense-section genes for tabular data), and the training genes. Not yet repaired: see check_genome."""
-    space = dataclasses.replace(space, kernels=space.kernel_choices(problem))
     n = trial.suggest_int("layers", space.min_layers, space.max_layers)
     spatial, dense = space.section_types(problem, "spatial"), space.section_types(problem, "dense")
     if problem.spatial_dims == 0 or not spatial:
@@ -132,10 +129,10 @@ def genome_from_trial(trial, space: SearchSpace, problem: Problem) -> Genome:
     first = tuple(t for t in ("conv", "residual") if t in spatial) or spatial
     for i in range(n - n_dense):
         gene_type = trial.suggest_categorical(f"spatial{i}", first if i == 0 else spatial)
-        layers.append(_gene(trial, f"spatial{i}", gene_type, space))
+        layers.append(_gene(trial, f"spatial{i}", gene_type, space, problem))
     for i in range(n_dense):
         gene_type = "dense" if i == 0 and "dense" in dense else trial.suggest_categorical(f"dense{i}", dense)
-        layers.append(_gene(trial, f"dense{i}", gene_type, space))
+        layers.append(_gene(trial, f"dense{i}", gene_type, space, problem))
     decay = 0.0
     if space.weight_decay != (0.0, 0.0) and (space.zero_weight_decay_prob == 0
                                              or trial.suggest_categorical("weight_decay_on", (True, False))):

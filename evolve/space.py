@@ -65,6 +65,9 @@ def _range_ok(value: tuple, low: float, high: float, log: bool) -> bool:
 _INT_LISTS = ("channels", "strides", "pool_sizes", "units", "batch_sizes")
 _POSITIVE_INTS = "a non-empty list of positive integers"
 _LOG_RANGE = "a log-range [low, high] with 0 < low <= high"
+# A gene's categorical field -> the space's list of its values (a convolution's kernel: kernel_choices).
+_FIELD_LISTS = {"channels": "channels", "stride": "strides", "size": "pool_sizes", "units": "units",
+                "act": "activations", "op": "pool_ops", "kind": "norms"}
 
 
 @dataclass(frozen=True)
@@ -132,6 +135,10 @@ class SearchSpace(Table):
         """The kernel sizes a convolution may take: ``kernels``, or when it is empty the default for the data."""
         return self.kernels or KERNELS_BY_DIMS.get(problem.spatial_dims, KERNELS)
 
+    def field_choices(self, problem: Problem, field: str) -> tuple:
+        """The values a gene's categorical field (any but dropout's ``rate``) may take for this problem."""
+        return self.kernel_choices(problem) if field == "kernel" else getattr(self, _FIELD_LISTS[field])
+
     # --- sampling ---
     def section_types(self, problem: Problem, section: str) -> tuple[str, ...]:
         """Gene types allowed in a section for this problem (tabular problems have no conv/residual/pool; dense
@@ -147,24 +154,10 @@ class SearchSpace(Table):
 
     def random_value(self, rng: random.Random, problem: Problem, gene_type: str, field: str) -> Any:
         """A random value for one field of one gene type, from this space."""
-        if field == "channels":
-            return rng.choice(self.channels)
-        if field == "kernel":
-            return rng.choice(self.kernel_choices(problem))
-        if field == "stride":
-            return rng.choice(self.strides)
-        if field == "size":
-            return rng.choice(self.pool_sizes)
-        if field == "units":
-            return rng.choice(self.units)
-        if field == "act":
-            return rng.choice(self.activations)
-        if field == "op":
-            return rng.choice(self.pool_ops)
-        if field == "kind":
-            return rng.choice(self.norms)
         if field == "rate":
             return round(rng.uniform(*self.dropout), 2)
+        if field == "kernel" or field in _FIELD_LISTS:
+            return rng.choice(self.field_choices(problem, field))
         raise ValueError(f"unknown field {field!r} of gene type {gene_type!r}")
 
     def random_gene(

@@ -3,7 +3,6 @@ bench/search.py (its trials draw genomes of Galapagos's search space that check_
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import time
@@ -74,10 +73,9 @@ def test_the_bench_problems_list_every_benchmark_dataset():
 @pytest.mark.parametrize("name, problem", BENCH_PROBLEMS)
 def test_optuna_trials_draw_genomes_of_the_galapagos_space(name, problem, default):
     optuna = pytest.importorskip("optuna", reason="Optuna is a benchmark extra: pip install -e '.[bench]'")
-    from bench.search import FIELD_CHOICES, config_path, genome_from_trial
+    from bench.search import config_path, genome_from_trial
 
     space = SearchSpace() if default else load_config(config_path(name)).space
-    space = dataclasses.replace(space, kernels=space.kernel_choices(problem))  # the sizes a trial draws from
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
     accepted = 0
@@ -91,7 +89,7 @@ def test_optuna_trials_draw_genomes_of_the_galapagos_space(name, problem, defaul
                 if field == "rate":
                     assert space.dropout[0] <= gene[field] <= space.dropout[1]
                 else:
-                    assert gene[field] in getattr(space, FIELD_CHOICES[field])
+                    assert gene[field] in space.field_choices(problem, field)
         assert space.lr[0] <= genome.lr * 1.001 and genome.lr <= space.lr[1] * 1.001
         try:
             check_genome(genome, problem, space)
