@@ -167,7 +167,7 @@ def bench_case(key: str, args, device: torch.device) -> dict:
     case = CASES[key]
     problem = Problem(case.shape, "classification", CLASSES)
     genome = _genome(case, args.batch or case.batch)
-    config = TrainConfig(epochs=args.epochs, mixed_precision=True)
+    config = TrainConfig(epochs=args.epochs, mixed_precision=True, memory_format=args.memory_format)
     recv, send = multiprocessing.Pipe()  # duplex, as the supervisor's: the child polls it for a Cancel
     ctx = TaskContext(send, _data(case, args.samples, args.val, args.seed), str(device), torch.get_num_threads())
     ctx.cache[("stats", problem.task)] = normalization_stats(*device_data(ctx)["train"], problem.task)
@@ -203,9 +203,11 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=0, help="torch threads on the CPU; 0 = torch's default")
     p.add_argument("--compile", action="store_true", help="also time the trainer with train.compile = true")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--memory-format", default="auto", choices=("auto", "channels_last", "contiguous"),
+                   help="the trainer's train.memory_format (the bare loops stay contiguous)")
     args = p.parse_args(argv)
     args.val = args.val or max(2, args.samples // 4)
-    device = torch.device(args.device)
+    device = torch.device("cuda:0" if args.device == "cuda" else args.device)
     if args.threads:
         torch.set_num_threads(args.threads)
     if device.type == "cuda":

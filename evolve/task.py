@@ -33,7 +33,7 @@ class TrainConfig(Table):
     mixed_precision: bool = True  # on GPUs only
     builder: str = ""  # "module:function" making each network from its genome; "" = Galapagos's own (GenomeNet)
     inherited_epochs: int = 0  # epochs of a child that inherited at least half its parameters; 0 = epochs
-    memory_format: str = "auto"  # 2D/3D conv nets: "auto" (channels-last on GPUs only), "channels_last", "contiguous"
+    memory_format: str = "auto"  # conv nets: "auto" (channels-last for 2D on GPUs), "channels_last", "contiguous"
     compile: bool = False  # torch.compile each candidate: pays only where training is long against the compile
 
     choices = {"memory_format": MEMORY_FORMATS}

@@ -7,7 +7,7 @@ from evolve.build import build_model
 from evolve.errors import ConfigError
 from evolve.genome import Genome
 from evolve.problem import Problem
-from evolve.train import NonFiniteLoss, TrainConfig, train_candidate
+from evolve.train import NonFiniteLoss, TrainConfig, memory_format, train_candidate
 from launch.protocol import Status
 from launch.trainer import status_of
 
@@ -83,6 +83,18 @@ def test_memory_format_and_compile_options_are_checked():
     with pytest.raises(ConfigError, match=r"train\.compile: expected true or false, got 'yes'"):
         TrainConfig.from_dict({"compile": "yes"})
     assert TrainConfig().memory_format == "auto" and TrainConfig().compile is False
+
+
+def test_auto_layout_is_channels_last_for_2d_convolutions_on_gpus_only():
+    """The choice alone (no GPU needed: it reads the device's type): "auto" gives 2D networks channels-last on a GPU,
+    keeps 3D ones contiguous (faster there, evolve/train.py), and keeps every layout on the CPU."""
+    conv = [{"type": "conv", "channels": 4, "kernel": 3, "stride": 1, "act": "relu"}]
+    net2d, net3d = (build_model(genome(conv), Problem(shape, "classification", 3))
+                    for shape in ((2, 8, 8), (1, 6, 6, 6)))
+    gpu, cpu = torch.device("cuda"), torch.device("cpu")
+    assert memory_format(net2d, gpu, "auto") == torch.channels_last and memory_format(net3d, gpu, "auto") is None
+    assert memory_format(net3d, gpu, "channels_last") == torch.channels_last_3d
+    assert memory_format(net2d, cpu, "auto") is None and memory_format(net2d, gpu, "contiguous") is None
 
 
 @pytest.mark.parametrize("shape,fmt", [((2, 8, 8), "channels_last"), ((1, 6, 6, 6), "channels_last_3d")])
