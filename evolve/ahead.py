@@ -86,12 +86,8 @@ class Ahead:
         return self.engine.ask()
 
     def tell(self, candidate_id: int, fitness: float | None, status: str = "ok", values: Any = None) -> None:
-        try:
-            final = self.engine.candidate(candidate_id).origin == "final"  # the helper never heard of it
-        except KeyError:
-            final = False  # not pending: the engine's tell says why
         self.engine.tell(candidate_id, fitness, status, values)
-        if self.failed is None and not final:
+        if self.failed is None:
             self.tells.append((candidate_id, fitness, status, values))
 
     def _bred(self) -> Candidate:

@@ -224,15 +224,6 @@ class Engine:
         self._seen.add(genome.key)
         return candidate
 
-    def final(self, genome: Genome, parent: int) -> Candidate:
-        """A pending candidate that trains `genome`, evaluation `parent`'s, again for longer at the end of a run
-        (origin "final"). Its result counts for the best but joins no population: it trained longer than its
-        peers. Asked after the last bred child, so its id follows every child's, also one bred ahead."""
-        candidate = Candidate(id=self._next_id, genome=genome, parents=(parent,), origin="final")
-        self._next_id += 1
-        self._pending[candidate.id] = candidate
-        return candidate
-
     def adopt(self, candidate: Candidate) -> None:
         """Take a candidate bred elsewhere from a copy of this engine (evolve/ahead.py) as if asked here."""
         if candidate.origin == "seed" and self._seeds:
@@ -295,7 +286,7 @@ class Engine:
     def _record(self, candidate: Candidate, fitness: float | None, status: str, values: Values | None) -> None:
         value = _clean_fitness(fitness)
         self._told.add(candidate.id)
-        finished = status == "ok" and value is not None and candidate.origin != "final"
+        finished = status == "ok" and value is not None
         if finished:
             self._population.append((candidate, value))
         if self.multi_objective and finished and values is not None:

@@ -37,7 +37,6 @@ class RunConfig(Table):
 
     evaluations: int = 0  # 0 = no limit by count (then budget_minutes must be set)
     budget_minutes: float = 0.0  # 0 = no limit by time
-    final_share: float = 0.15  # of budget_minutes, at the end: the best networks trained again, longer; 0 = none
     task_timeout: float = 1800.0  # seconds one candidate may take before it is killed
     seed: int = 0
     val_fraction: float = 0.1  # carved from train when the file has no val split
@@ -54,7 +53,6 @@ class RunConfig(Table):
     def checks(self) -> list[Check]:
         return [("evaluations", self.evaluations >= 0, "at least 0 (0 = no limit by count)"),
                 ("budget_minutes", self.budget_minutes >= 0, "at least 0 (0 = no limit by time)"),
-                ("final_share", 0 <= self.final_share <= 0.5, "a share in [0, 0.5] (0 = no final training)"),
                 ("task_timeout", self.task_timeout > 0, "more than 0 seconds"),
                 ("val_fraction", 0 < self.val_fraction < 1, "a fraction strictly between 0 and 1"),
                 ("prune_after", self.prune_after >= 1, "at least 1"),

@@ -6,7 +6,6 @@ directory's lock while it runs, and takes its time budget from what the earlier 
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import logging
 import os
 import shutil
@@ -29,7 +28,6 @@ from evolve.task import TrainTask
 from galapagos.config import Config, evolve_config, load_config
 from galapagos.datamode import data_memory, data_setup
 from galapagos.errors import NoResult, RunDirError, UsageError
-from galapagos.finals import Finals
 from galapagos.fingerprint import data_fingerprint
 from galapagos.mpijob import Flow, default_workers, end_when_done, setup_logging, starting
 from galapagos.options import TRAIN_TASK, EvolveOptions
@@ -56,7 +54,7 @@ class EvolutionSource(JournalSource):
 
     def __init__(self, engine: Engine | Ahead, config: Config, run: RunDir, problem: Problem, *,
                  deadline: float | None = None, view: ProgressView | None = None, records: list[dict] = (),
-                 spent: float = 0.0, tracker: Tracker | None = None, access: Any = None, workers: int = 1):
+                 spent: float = 0.0, tracker: Tracker | None = None, access: Any = None):
         super().__init__(run, records, view=view, deadline=deadline, keep=False)
         self.access = access  # how trainers read the training split (galapagos/datamode.py); None: resident
         self.tracker = tracker  # experiment tracking ([report]), if any
@@ -74,8 +72,6 @@ class EvolutionSource(JournalSource):
         self.front = Front(objectives) if len(objectives) > 1 else None  # kept in front/ and pareto.json
         self.front_rows: dict[int, dict] = {}  # id -> its line in pareto.json
         self.unmeasured = False  # an evaluation lacked an objective's value (warned once)
-        self.finals = Finals(config.run.final_share, 60 * config.run.budget_minutes, deadline, config.train.epochs,
-                             workers)
         for r in records:
             self._learn(r, live=False)
         if self.front is not None:
@@ -93,11 +89,6 @@ class EvolutionSource(JournalSource):
     def next_task(self) -> Task | None:
         if self.exhausted or (self.budget is not None and self.done + len(self.inflight) >= self.budget):
             return None
-        if self.finals.due(time.time()):  # the budget's final share: no children after a final, none queued
-            free = len(self.inflight) < self.finals.workers  # a final training starts on a free worker at once
-            final = self._final() if free else None
-            if final is not None or self.finals.issued or not free:
-                return final
         try:
             cand = self.engine.ask()
         except SearchExhausted as exc:
@@ -106,34 +97,19 @@ class EvolutionSource(JournalSource):
             return None
         params = cand.params if cand.params is not None else count_params(cand.genome, self.problem,
                                                                            self.config.train.builder)
+        self.inflight[cand.id] = {"parents": list(cand.parents), "origin": cand.origin,
+                                  "genome": cand.genome, "key": cand.genome.key, "params": params}
         parent = next((p for p in cand.parents if p in self.held), None) if self.config.evolution.inherit else None
-        return self._task(cand, params, self.config.train, parent)
-
-    def _final(self) -> Task | None:
-        """One of the best evaluations trained again, longer (galapagos/finals.py), or None."""
-        pick = self.finals.pick(self.top, time.time())
-        if pick is None:
-            return None
-        record, epochs = pick
-        cand = self.engine.final(Genome.from_json(record["genome"]), record["id"])
-        self.finals.started(cand.parents, cand.id)
-        train = dataclasses.replace(self.config.train, epochs=epochs)
-        return self._task(cand, record["params"], train, None, epochs / self.config.train.epochs)
-
-    def _task(self, cand: Any, params: int, train: Any, parent: int | None, longer: float = 1.0) -> Task:
-        inherits = {} if parent is None else {"inherits": parent}
-        self.inflight[cand.id] = {"parents": list(cand.parents), "origin": cand.origin, "genome": cand.genome,
-                                  "key": cand.genome.key, "params": params, **inherits}
+        if parent is not None:
+            self.inflight[cand.id]["inherits"] = parent
         self.running(cand.id)
-        payload = TrainTask(cand.genome, self.problem, train, seed=self.config.run.seed * 1_000_003 + cand.id,
-                            save=self.run.model_path(cand.id), data=self.access,
+        payload = TrainTask(cand.genome, self.problem, self.config.train, seed=self.config.run.seed * 1_000_003
+                            + cand.id, save=self.run.model_path(cand.id), data=self.access,
                             inherit=None if parent is None else self.run.model_path(parent))
-        return Task(cand.id, payload, self.config.run.task_timeout * longer)
+        return Task(cand.id, payload, self.config.run.task_timeout)
 
     def finished(self) -> bool:
-        ended = bool(self.exhausted) or (self.budget is not None and self.done >= self.budget)
-        last = self.finals.issued > 0 and not self.inflight  # the final trainings are over, and no other fits
-        return ended or (last and self.finals.pick(self.top, time.time()) is None)
+        return bool(self.exhausted) or (self.budget is not None and self.done >= self.budget)
 
     def search_seconds(self) -> float:
         """The run's search time over all its jobs so far (what its time budget counts)."""
@@ -172,11 +148,10 @@ class EvolutionSource(JournalSource):
             self._place(record, live)
         curve = record.get("curve", [])
         inherited = record.get("inherits") is not None
-        for epoch in range(1, len(curve) + 1) if record.get("origin") != "final" else ():  # no peer for pruning
+        for epoch in range(1, len(curve) + 1):
             bisect.insort(self.by_epoch[inherited, epoch], max(curve[:epoch]))
         bisect.insort(self.top, (-record["fitness"], record["id"]))
         del self.top[self.config.run.keep_models:]
-        self.finals.learn(record, {i for _, i in self.top})
         self.held.add(record["id"])
         kept = self.kept()
         for dropped in self.held - kept:
@@ -244,9 +219,9 @@ class EvolutionSource(JournalSource):
     def judge(self, task_id: int) -> Status | None:
         """Median stopping: a candidate whose best so far is below the median of finished ones at this epoch (those
         that inherited weights, or those that did not, as it did)."""
-        curve, run, what = self.curves[task_id], self.config.run, self.inflight[task_id]
-        peers = self.by_epoch.get(("inherits" in what, len(curve)), [])
-        if (run.prune and what["origin"] != "final" and run.prune_after <= len(curve) < self.config.train.epochs
+        curve, run = self.curves[task_id], self.config.run
+        peers = self.by_epoch.get(("inherits" in self.inflight[task_id], len(curve)), [])
+        if (run.prune and run.prune_after <= len(curve) < self.config.train.epochs
                 and len(peers) >= run.prune_min_results and max(curve) < _median(peers)):
             return Status.PRUNED
         return None
@@ -334,7 +309,7 @@ def evolve(comm: Any, opts: EvolveOptions, config: Config, info: DatasetInfo, da
     deadline = start + 60 * config.run.budget_minutes - spent if config.run.budget_minutes else None
     tracker = Tracker.open(config.report, run.path, run.path.name)
     source = EvolutionSource(engine, config, run, problem, deadline=deadline, records=records,
-                             spent=spent, tracker=tracker, access=access, workers=comm.size - 1)
+                             spent=spent, tracker=tracker, access=access)
     if records:
         log.info("resuming %s: %d evaluation(s) already done in %.0f s of search", run.path, len(records), spent)
     if deadline is not None and deadline <= start:
@@ -397,7 +372,9 @@ def prefetch(setting: int, workers: int) -> int | None:
     """Tasks queued on a worker beyond its running one (None: the runtime decides by task length). One worker gets
     none by default: each child is then bred knowing every earlier result, whatever the timing, so a run with a
     fixed seed and one worker repeats its sequence of genomes."""
-    return setting if setting >= 0 else 0 if workers == 1 else None
+    if setting >= 0:
+        return setting
+    return 0 if workers == 1 else None
 
 
 def salvage(opts: EvolveOptions, code: int) -> dict | None:
