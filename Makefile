@@ -23,8 +23,12 @@ demo: $(VENV)/.installed
 		--budget-minutes 3
 	$(VENV)/bin/galapagos predict --model $(DEMO_DIR)/best --data runs/shapes.h5 --split test
 
+# Test processes at once: one per 4 cores (a test starts up to 4 MPI ranks and their trainer children), so one on
+# a machine of fewer than 8 cores; each gets its own cores (tests/conftest.py). TEST_WORKERS=N to choose.
+TEST_WORKERS ?= $(shell $(PYTHON) -c "import os; n = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') \
+	else os.cpu_count() or 1; print(max(1, n // 4))")
 test: $(VENV)/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(if $(filter-out 1,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile)
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

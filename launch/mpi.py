@@ -119,20 +119,24 @@ def shm_segments() -> set[str]:
         return set()
 
 
-def remove_leftover_segments(before: set[str]) -> list[str]:
-    """After a job that did not end cleanly: remove this user's MPICH segments that appeared since `before` and
-    that no process has mapped (a job started meanwhile keeps its own). Returns the names removed."""
+def orphaned_segments(before: set[str]) -> set[str]:
+    """MPICH's segments that appeared since `before` and that no process has mapped: left by a job that did not end
+    cleanly (a job started meanwhile maps its own)."""
     new = shm_segments() - before
-    if not new:
-        return []
-    for maps in Path("/proc").glob("[0-9]*/maps"):
+    for maps in Path("/proc").glob("[0-9]*/maps") if new else ():
         try:
             text = maps.read_text()
         except OSError:
             continue
         new = {name for name in new if name not in text}
+    return new
+
+
+def remove_leftover_segments(before: set[str]) -> list[str]:
+    """After a job that did not end cleanly: remove this user's orphaned MPICH segments (`orphaned_segments`).
+    Returns the names removed."""
     removed = []
-    for name in sorted(new):
+    for name in sorted(orphaned_segments(before)):
         path = Path("/dev/shm", name)
         try:
             if path.stat().st_uid == os.getuid():

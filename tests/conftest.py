@@ -57,3 +57,27 @@ def gpu_env() -> dict[str, str]:
     if backend is not None and not backend.is_built():
         pytest.skip(f"this torch ({torch.__version__}) was built without CUDA/ROCm")
     return env
+
+
+# pytest-xdist (`make test` on a machine of 8 cores or more, `pytest -n N --dist loadfile`): each test process gets
+# its own slice of the cores, which every process it starts inherits and shares out as a job would
+# (launch.placement reads the affinity), so that N tests at once do not each place their ranks on the whole machine.
+# A slice under MIN_TEST_CORES cores is not made: a test starts up to 4 ranks, and MPICH's ranks slow to a crawl
+# when they outnumber their cores (bench/RESULTS.md, Datashare); such processes share the machine's cores.
+MIN_TEST_CORES = 4
+
+
+def worker_cores(cores: list[int], index: int, count: int) -> list[int] | None:
+    """Test process `index` of `count`'s contiguous share of `cores`, or None where a share would be too small."""
+    if count < 2 or len(cores) // count < MIN_TEST_CORES:
+        return None
+    return cores[index * len(cores) // count:(index + 1) * len(cores) // count]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    worker = os.environ.get("PYTEST_XDIST_WORKER")  # gw0, gw1, ...: set by pytest-xdist in its test processes
+    if worker and hasattr(os, "sched_setaffinity"):
+        share = worker_cores(sorted(os.sched_getaffinity(0)), int(worker[2:]),
+                             int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+        if share:
+            os.sched_setaffinity(0, share)

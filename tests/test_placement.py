@@ -297,3 +297,16 @@ def test_real_unbound_ranks_split_the_node():
     assert r[1]["cores"] and r[2]["cores"] and set(r[1]["cores"]).isdisjoint(r[2]["cores"])
     assert set(r[1]["cores"]) | set(r[2]["cores"]) == set(r[1]["own"])
     assert set(r[0]["after"]).isdisjoint(r[1]["after"])  # the two ranks with members split it for inference
+
+
+def test_parallel_test_processes_get_disjoint_core_slices_of_at_least_four():
+    from tests.conftest import MIN_TEST_CORES, worker_cores
+
+    cores = list(range(16))
+    shares = [worker_cores(cores, i, 4) for i in range(4)]
+    assert shares == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 15]]
+    uneven = [worker_cores(list(range(2, 13)), i, 2) for i in range(2)]  # 11 cores, not from 0
+    assert uneven == [[2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]]
+    assert worker_cores(cores, 0, 5) is None  # 3 cores each: share the machine instead
+    assert worker_cores(list(range(2)), 0, 2) is None and worker_cores(cores, 0, 1) is None
+    assert MIN_TEST_CORES == 4
