@@ -123,7 +123,9 @@ def orphaned_segments(before: set[str]) -> set[str]:
     """MPICH's segments that appeared since `before` and that no process has mapped: left by a job that did not end
     cleanly (a job started meanwhile maps its own)."""
     new = shm_segments() - before
-    for maps in Path("/proc").glob("[0-9]*/maps") if new else ():
+    if not new:
+        return new
+    for maps in Path("/proc").glob("[0-9]*/maps"):
         try:
             text = maps.read_text()
         except OSError:

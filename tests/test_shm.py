@@ -171,10 +171,10 @@ def test_too_little_shared_memory_is_refused_before_allocating_with_the_numbers(
     from datashare.shm import SharedMemoryError, free_bytes
 
     huge = free_bytes() + (1 << 40)
-    prefix = f"galapagos_test{os.getpid()}"
     with pytest.raises(SharedMemoryError, match=r"/dev/shm has [\d.]+ GiB free, the dataset needs [\d.]+ GiB"):
-        SharedArrays.create([("x", (huge,), "uint8")], prefix=prefix)
-    assert not [n for n in os.listdir("/dev/shm") if n.startswith(prefix)]
+        SharedArrays.create([("x", (huge,), "uint8")], prefix="galapagos_test")
+    mine = f"galapagos_test_{os.getpid()}_"  # a segment is named PREFIX_PID_TOKEN; tests running meanwhile make theirs
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(mine)]
 
 
 def test_child_maps_segment_through_inherited_descriptor_after_the_name_is_gone() -> None:
