@@ -6,6 +6,7 @@ the device has it, else fp16 with loss scaling).
 """
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import statistics
@@ -163,6 +164,41 @@ def _to_memory_format(model: torch.nn.Module, fmt: torch.memory_format) -> None:
     model.register_forward_pre_hook(lambda _, args: (args[0].contiguous(memory_format=fmt), *args[1:]))
 
 
+class _Network(torch.nn.Module):
+    """The network inside one more module, for make_graphed_callables: it refuses a module with hooks (the
+    channels-last one) and replaces the forward of the module it is given, and the network's own must stay eager
+    for the last, shorter batch of an epoch and for the validation."""
+
+    def __init__(self, net: torch.nn.Module):
+        super().__init__()
+        self.net = net
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.net(x)
+
+
+def graphed(model: torch.nn.Module, sample: torch.Tensor, amp_dtype: torch.dtype | None) -> Callable | None:
+    """`model`'s forward and backward on batches shaped as `sample`, each replayed as one CUDA graph
+    (torch.cuda.make_graphed_callables, https://docs.pytorch.org/docs/stable/notes/cuda.html#partial-network-capture):
+    a few kernel launches per step where the network's own take one per operation, so that the host no longer
+    paces a small network's steps. The loss, clipping and optimizer step stay eager, so the schedule's learning rate
+    and momentum act as in an eager step. The capture's warm-up passes leave the buffers (batch-norm statistics) as
+    they were. None, with a warning, for a network that cannot be captured (one that syncs with the host)."""
+    saved = [b.clone() for b in model.buffers()]
+    try:
+        with torch.autocast("cuda", dtype=amp_dtype or torch.float16, enabled=amp_dtype is not None,
+                            cache_enabled=False):  # the API's rule for autocast
+            return torch.cuda.make_graphed_callables(_Network(model), (sample.clone(),))
+    except Exception as e:  # noqa: BLE001 - whatever stops the capture: the candidate trains eagerly instead
+        log.warning("train.cuda_graphs: the network could not be captured (%s: %s); it trains without CUDA graphs",
+                    type(e).__name__, e)
+        return None
+    finally:
+        with torch.no_grad():
+            for b, s in zip(model.buffers(), saved):
+                b.copy_(s)
+
+
 def _on(device: torch.device, a: Any) -> Any:
     """A tensor on `device`, moved once if it is elsewhere (a caller's arrays on the CPU for a GPU candidate); row
     views and host-side batch sources (`Rows`, evolve/batches.py) keep where they are."""
@@ -199,6 +235,8 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     # an epoch and the evaluation take the module itself (same parameters), so no shape or mode compiles again.
     compiled = torch.compile(model) if config.compile else None
     compile_seconds = None
+    graphs = config.cuda_graphs and device.type == "cuda"  # captured at the first full batch: `fast` from then on
+    fast, captured = compiled, False  # what full batches take
     amp_dtype, autocast = _autocast_for(device, config.mixed_precision)
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
     params = list(model.parameters())  # once: walking the modules was a quarter of the clipping's host time per step
@@ -220,53 +258,62 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     best: dict | None = None
     best_state: dict = {}
     t0 = time.perf_counter()
-    for epoch in range(1, epochs + 1):
-        model.train()
-        total, batches = torch.zeros((), device=device), 0  # summed on the device: no host sync per batch
-        for xb, yb in epoch_batches(xtr, ytr, n, genome.batch_size, gen, device):
-            with autocast():
-                out = (compiled if compiled is not None and len(xb) == genome.batch_size else model)(xb)
-                if problem.task == "classification":
-                    loss = F.cross_entropy(out.float(), yb)
-                elif problem.is_dense:
-                    loss = dense_loss(out, yb)
+    try:
+        for epoch in range(1, epochs + 1):
+            model.train()
+            total, batches = torch.zeros((), device=device), 0  # summed on the device: no host sync per batch
+            for xb, yb in epoch_batches(xtr, ytr, n, genome.batch_size, gen, device):
+                full = len(xb) == genome.batch_size
+                if graphs and full:
+                    fast, graphs = graphed(model, xb, amp_dtype), False
+                    captured = fast is not None
+                with autocast():
+                    out = (fast if fast is not None and full else model)(xb)
+                    if problem.task == "classification":
+                        loss = F.cross_entropy(out.float(), yb)
+                    elif problem.is_dense:
+                        loss = dense_loss(out, yb)
+                    else:
+                        loss = F.mse_loss((out.float() - y_mean) / y_std, (yb - y_mean) / y_std)
+                opt.zero_grad(set_to_none=True)
+                if scaler is not None:
+                    scaler.scale(loss).backward()
+                    scaler.unscale_(opt)
                 else:
-                    loss = F.mse_loss((out.float() - y_mean) / y_std, (yb - y_mean) / y_std)
-            opt.zero_grad(set_to_none=True)
-            if scaler is not None:
-                scaler.scale(loss).backward()
-                scaler.unscale_(opt)
-            else:
-                loss.backward()
-            if config.grad_clip:
-                torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-            if scaler is not None:
-                scaler.step(opt)
-                scaler.update()
-            else:
-                opt.step()
-            if sched.last_epoch + 1 < steps:
-                sched.step()
-            total += loss.detach()
-            batches += 1
-            if compiled is not None and compile_seconds is None:
-                _sync(device)
-                compile_seconds = time.perf_counter() - t0  # the first step, the compile in it
-            if batches % FINITE_EVERY == 0:
-                _check_finite(total, epoch, batches)
-        _check_finite(total, epoch, batches)
-        metrics = {"epoch": epoch, "train_loss": total.item() / max(batches, 1),
-                   **(evaluate_dense(model, xva, yva, problem, config.eval_batch_size, autocast) if problem.is_dense
-                      else evaluate(model, xva, yva, problem.task, config.eval_batch_size, autocast))}
-        if not math.isfinite(metrics["fitness"]):
-            raise NonFiniteLoss(f"validation score is {metrics['fitness']} at epoch {epoch}")
-        if best is None or metrics["fitness"] > best["fitness"]:
-            best = dict(metrics)
-            # a copy on the device: no wait for it here; to the CPU once, at the end
-            best_state = {k: v.detach().clone(memory_format=torch.contiguous_format)
-                          for k, v in model.state_dict().items()}
-        if report is not None:
-            report(metrics)
+                    loss.backward()
+                if config.grad_clip:
+                    torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
+                if scaler is not None:
+                    scaler.step(opt)
+                    scaler.update()
+                else:
+                    opt.step()
+                if sched.last_epoch + 1 < steps:
+                    sched.step()
+                total += loss.detach()
+                batches += 1
+                if compiled is not None and compile_seconds is None:
+                    _sync(device)
+                    compile_seconds = time.perf_counter() - t0  # the first step, the compile in it
+                if batches % FINITE_EVERY == 0:
+                    _check_finite(total, epoch, batches)
+            _check_finite(total, epoch, batches)
+            metrics = {"epoch": epoch, "train_loss": total.item() / max(batches, 1),
+                       **(evaluate_dense(model, xva, yva, problem, config.eval_batch_size, autocast) if problem.is_dense
+                          else evaluate(model, xva, yva, problem.task, config.eval_batch_size, autocast))}
+            if not math.isfinite(metrics["fitness"]):
+                raise NonFiniteLoss(f"validation score is {metrics['fitness']} at epoch {epoch}")
+            if best is None or metrics["fitness"] > best["fitness"]:
+                best = dict(metrics)
+                # a copy on the device: no wait for it here; to the CPU once, at the end
+                best_state = {k: v.detach().clone(memory_format=torch.contiguous_format)
+                              for k, v in model.state_dict().items()}
+            if report is not None:
+                report(metrics)
+    finally:
+        if captured:  # the graphs and their memory pool sit in reference cycles (a class made per capture), which
+            fast = out = loss = None  # only a collection frees, once nothing holds them: now, finished or not
+            gc.collect()
     summary = {"fitness": best["fitness"], "best_epoch": best["epoch"], "epochs": epochs,
                "train_seconds": time.perf_counter() - t0,
                "params": sum(p.numel() for p in params),
@@ -280,6 +327,8 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
         summary["memory_format"] = str(fmt).replace("torch.", "")
     if compile_seconds is not None:
         summary["compile_seconds"] = round(compile_seconds, 3)
+    if config.cuda_graphs and device.type == "cuda":
+        summary["cuda_graphs"] = captured  # False: the capture failed (logged)
     return summary, {k: v.to("cpu") for k, v in best_state.items()}
 
 

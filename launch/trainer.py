@@ -6,6 +6,7 @@ Stop (messages: launch/protocol.py).
 """
 from __future__ import annotations
 
+import gc
 import logging
 import math
 import os
@@ -187,6 +188,9 @@ def main(fd: int, task_fn: str | None = None) -> None:
         conn.send(TrainerFailed(f"{type(exc).__name__}: {exc}"))
         raise
     ctx = TaskContext(conn, data, _usable_device(setup.device), setup.threads, setup.rank)
+    # What the imports made lives as long as the child: out of every garbage collection from now on, so that a full
+    # one looks at the tasks' own objects only (https://docs.python.org/3/library/gc.html#gc.freeze).
+    gc.freeze()
     conn.send(TrainerReady(os.getpid()))
     while True:
         msg = conn.recv()

@@ -83,6 +83,23 @@ def test_memory_format_and_compile_options_are_checked():
     with pytest.raises(ConfigError, match=r"train\.compile: expected true or false, got 'yes'"):
         TrainConfig.from_dict({"compile": "yes"})
     assert TrainConfig().memory_format == "auto" and TrainConfig().compile is False
+    with pytest.raises(ConfigError, match=r"train\.cuda_graphs: expected false when compile is true"):
+        TrainConfig.from_dict({"compile": True, "cuda_graphs": True})
+    assert TrainConfig().cuda_graphs is False
+
+
+def test_cuda_graphs_leave_training_on_the_cpu_as_it_was():
+    """train.cuda_graphs acts on CUDA devices only (tests/test_gpu.py captures on one): on the CPU the same
+    training to the last bit, and no `cuda_graphs` in the summary."""
+    problem = Problem((1, 8, 8), "classification", 3)
+    g = genome([{"type": "conv", "channels": 4, "kernel": 3, "stride": 1, "act": "relu"},
+                {"type": "norm", "kind": "batch"}, {"type": "dense", "units": 8, "act": "relu"}], lr=1e-2)
+    data = {"train": blobs(100, (1, 8, 8), 3), "val": blobs(32, (1, 8, 8), 3, seed=1)}
+    (plain, plain_state), (graphs, graphs_state) = (
+        train_candidate(g, problem, data, TrainConfig(epochs=2, cuda_graphs=on)) for on in (False, True))
+    assert "cuda_graphs" not in graphs and graphs["val_loss"] == plain["val_loss"]
+    for k, v in plain_state.items():
+        assert torch.equal(graphs_state[k], v), k
 
 
 def test_auto_layout_is_channels_last_for_2d_convolutions_on_gpus_only():
