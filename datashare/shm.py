@@ -22,7 +22,7 @@ from .layout import ArraySpec, array_spec, layout, specs_of, views
 
 log = logging.getLogger(__name__)
 
-__all__ = ["SharedArrays", "SharedMemoryError", "SHM_DIR", "free_bytes", "remove_stale"]
+__all__ = ["SharedArrays", "SharedMemoryError", "SHM_DIR", "free_bytes", "remove_stale", "segment_stem"]
 
 SHM_DIR = "/dev/shm"
 
@@ -79,7 +79,7 @@ class SharedArrays:
         if total > free:
             raise SharedMemoryError(errno.ENOSPC, f"node {host}: {SHM_DIR} has {_gib(free)} free, the dataset "
                                     f"needs {_gib(total)} (one copy per node): free it, or use nodes with more memory")
-        name = f"{prefix}_{os.getpid()}_{secrets.token_hex(4)}"
+        name = segment_stem(prefix, os.getpid()) + secrets.token_hex(4)
         path = os.path.join(SHM_DIR, name)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
@@ -216,6 +216,11 @@ def _same_file(fd: int, descriptor: Mapping[str, Any]) -> bool:
         return False
     inode = descriptor.get("inode")
     return inode is not None and (st.st_dev, st.st_ino) == tuple(inode)
+
+
+def segment_stem(prefix: str, pid: int) -> str:
+    """How the names of process `pid`'s segments begin: a segment is named `{prefix}_{pid}_{token}`."""
+    return f"{prefix}_{pid}_"
 
 
 def remove_stale(prefix: str = "galapagos", directory: str = SHM_DIR) -> list[str]:

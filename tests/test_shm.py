@@ -168,12 +168,12 @@ def test_remove_stale_unlinks_segments_of_dead_processes_only(tmp_path):
 
 
 def test_too_little_shared_memory_is_refused_before_allocating_with_the_numbers() -> None:
-    from datashare.shm import SharedMemoryError, free_bytes
+    from datashare.shm import SharedMemoryError, free_bytes, segment_stem
 
     huge = free_bytes() + (1 << 40)
     with pytest.raises(SharedMemoryError, match=r"/dev/shm has [\d.]+ GiB free, the dataset needs [\d.]+ GiB"):
         SharedArrays.create([("x", (huge,), "uint8")], prefix="galapagos_test")
-    mine = f"galapagos_test_{os.getpid()}_"  # a segment is named PREFIX_PID_TOKEN; tests running meanwhile make theirs
+    mine = segment_stem("galapagos_test", os.getpid())  # only this test's: tests running meanwhile make theirs
     assert not [n for n in os.listdir("/dev/shm") if n.startswith(mine)]
 
 
