@@ -13,15 +13,15 @@ three runners train the same network (same builder `evolve.build.build_model`, s
 normalisation, same optimizer, same batches in the same order, bf16 autocast on GPUs):
 - trainer: `evolve.train.train_task`, what a worker's trainer child runs for every task, with its real
   `launch.trainer.TaskContext` (per-epoch progress over a real pipe; the data already on the device, as after a
-  child's first task), and its own `[train]` defaults (channels-last on GPUs, gradient clipping, OneCycle, the
-  best epoch's weights kept, the latency probe);
+  child's first task), and its own `[train]` defaults (on GPUs channels-last and CUDA graphs, gradient clipping,
+  OneCycle, the best epoch's weights kept, the latency probe);
 - bare: the plain loop (forward, loss, backward, step; the loss looked at once per epoch);
 - recipe: the bare loop plus the trainer's gradient clipping, OneCycle schedule and best-weights copy, the peer
   with the same recipe: the trainer should be at least as fast as it.
 The runners alternate (the order rotates every round), so machine noise hits all of them; the median of the
 rounds is kept (on a CPU also the process's CPU seconds, which a shared machine's load does not stretch;
 run with `--threads 1` there). `--compile` adds the trainer with `train.compile = true` and reports its compile seconds;
-`--cuda-graphs` adds the trainer with `train.cuda_graphs = true` (CUDA GPUs).
+`--eager` adds the trainer with `train.cuda_graphs = false` (what the graphs gain on CUDA GPUs).
 """
 from __future__ import annotations
 
@@ -152,7 +152,7 @@ def _run(name: str, genome: Genome, problem: Problem, ctx: TaskContext, recv, co
     t0, c0 = time.perf_counter(), time.process_time()
     if name.startswith("trainer"):
         cfg = TrainConfig(**{**config.to_dict(), "compile": name == "trainer+compile",
-                             "cuda_graphs": name == "trainer+graphs"})
+                             "cuda_graphs": name != "trainer+eager"})
         out = train_task(TrainTask(genome, problem, cfg, seed=seed), ctx)
         fitness, extra = out["fitness"], out["metrics"]
     else:
@@ -174,7 +174,7 @@ def bench_case(key: str, args, device: torch.device) -> dict:
     ctx = TaskContext(send, _data(case, args.samples, args.val, args.seed), str(device), torch.get_num_threads())
     ctx.cache[("stats", problem.task)] = normalization_stats(*device_data(ctx)["train"], problem.task)
     runners = (["trainer", "bare", "recipe"] + (["trainer+compile"] if args.compile else [])
-               + (["trainer+graphs"] if args.cuda_graphs else []))
+               + (["trainer+eager"] if args.eager else []))
     times: dict[str, list[float]] = {r: [] for r in runners}
     cpu: dict[str, list[float]] = {r: [] for r in runners}
     last: dict[str, dict] = {}
@@ -205,7 +205,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--batch", type=int, default=0, help="batch size; 0 = each case's own")
     p.add_argument("--threads", type=int, default=0, help="torch threads on the CPU; 0 = torch's default")
     p.add_argument("--compile", action="store_true", help="also time the trainer with train.compile = true")
-    p.add_argument("--cuda-graphs", action="store_true", help="also time the trainer with train.cuda_graphs = true")
+    p.add_argument("--eager", action="store_true", help="also time the trainer with train.cuda_graphs = false")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--memory-format", default="auto", choices=("auto", "channels_last", "contiguous"),
                    help="the trainer's train.memory_format (the bare loops stay contiguous)")
@@ -236,10 +236,10 @@ def main(argv: list[str] | None = None) -> None:
     on_cpu = device.type == "cpu"
     extra = (" | trainer/bare, CPU s | trainer/recipe, CPU s" if on_cpu else "") + (
         " | trainer+compile samples/s | compile s, first / later" if args.compile else "") + (
-        " | trainer+graphs samples/s | graphs/bare" if args.cuda_graphs else "")
+        " | trainer+eager samples/s | trainer/eager" if args.eager else "")
     print(f"\n| case | params | batch | trainer samples/s | bare samples/s | recipe samples/s | trainer/bare "
           f"| trainer/recipe{extra} |")
-    print("|---|---|---|---|---|---|---|---|" + "---|---|" * (on_cpu + args.compile + args.cuda_graphs))
+    print("|---|---|---|---|---|---|---|---|" + "---|---|" * (on_cpu + args.compile + args.eager))
     for res in rows:
         rate = res["rate"]
         cells = [f"{res['case']} {res['shape']}", f"{res['params'] / 1e6:.2f} M", res["batch"],
@@ -251,8 +251,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.compile:
             cells += [f"{rate['trainer+compile']:.0f}", f"{res['cold']['trainer+compile'].get('compile_seconds')} / "
                       f"{res['last']['trainer+compile'].get('compile_seconds')}"]
-        if args.cuda_graphs:
-            cells += [f"{rate['trainer+graphs']:.0f}", f"{rate['trainer+graphs'] / rate['bare']:.2f}"]
+        if args.eager:
+            cells += [f"{rate['trainer+eager']:.0f}", f"{rate['trainer'] / rate['trainer+eager']:.2f}"]
         print("| " + " | ".join(map(str, cells)) + " |")
 
 

@@ -35,7 +35,8 @@ class TrainConfig(Table):
     inherited_epochs: int = 0  # epochs of a child that inherited at least half its parameters; 0 = epochs
     memory_format: str = "auto"  # conv nets: "auto" (channels-last for 2D on GPUs), "channels_last", "contiguous"
     compile: bool = False  # torch.compile each candidate: pays only where training is long against the compile
-    cuda_graphs: bool = False  # on CUDA GPUs: each full batch's forward and backward replayed as two CUDA graphs
+    cuda_graphs: bool = True  # on CUDA GPUs: each full batch's forward and backward replayed as two CUDA graphs
+    # (where compile is false: a compiled candidate takes the compiled module instead)
 
     choices = {"memory_format": MEMORY_FORMATS}
 
@@ -46,7 +47,6 @@ class TrainConfig(Table):
                 ("inherited_epochs", 0 <= self.inherited_epochs <= self.epochs, f"0 to epochs ({self.epochs})"),
                 ("grad_clip", self.grad_clip >= 0, "at least 0"),
                 ("builder", not self.builder or ":" in self.builder, "module:function, or \"\""),
-                ("cuda_graphs", not (self.cuda_graphs and self.compile), "false when compile is true (one of the two)"),
                 self._compile_check()]
 
     def _compile_check(self) -> Check:

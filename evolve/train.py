@@ -183,12 +183,18 @@ def graphed(model: torch.nn.Module, sample: torch.Tensor, amp_dtype: torch.dtype
     a few kernel launches per step where the network's own take one per operation, so that the host no longer
     paces a small network's steps. The loss, clipping and optimizer step stay eager, so the schedule's learning rate
     and momentum act as in an eager step. The capture's warm-up passes leave the buffers (batch-norm statistics) as
-    they were. None, with a warning, for a network that cannot be captured (one that syncs with the host)."""
+    they were. None, with a warning, for a network that cannot be captured (one that syncs with the host).
+    The gradients a replay gives are the graph's own buffers, which the next replay overwrites: safe here, where every
+    step sets them to None before its backward and uses them up before the next (pytorch/pytorch#181723)."""
     saved = [b.clone() for b in model.buffers()]
     try:
         with torch.autocast("cuda", dtype=amp_dtype or torch.float16, enabled=amp_dtype is not None,
                             cache_enabled=False):  # the API's rule for autocast
-            return torch.cuda.make_graphed_callables(_Network(model), (sample.clone(),))
+            net = torch.cuda.make_graphed_callables(_Network(model), (sample.clone(),))
+        # the capture's warm-up made the parameters' gradient accumulators on its side stream, which autograd warns
+        # of at every backward after (bench/train.py times the graphed steps with whatever sync that costs)
+        getattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch", lambda _: None)(False)
+        return net
     except Exception as e:  # noqa: BLE001 - whatever stops the capture: the candidate trains eagerly instead
         log.warning("train.cuda_graphs: the network could not be captured (%s: %s); it trains without CUDA graphs",
                     type(e).__name__, e)
@@ -235,7 +241,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     # an epoch and the evaluation take the module itself (same parameters), so no shape or mode compiles again.
     compiled = torch.compile(model) if config.compile else None
     compile_seconds = None
-    graphs = config.cuda_graphs and device.type == "cuda"  # captured at the first full batch: `fast` from then on
+    graphs = config.cuda_graphs and not config.compile and device.type == "cuda"  # captured at the first full batch
     fast, captured = compiled, False  # what full batches take
     amp_dtype, autocast = _autocast_for(device, config.mixed_precision)
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
@@ -314,6 +320,9 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
         if captured:  # the graphs and their memory pool sit in reference cycles (a class made per capture), which
             fast = out = loss = None  # only a collection frees, once nothing holds them: now, finished or not
             gc.collect()
+            # and cuBLAS keeps a workspace per stream, the capture's from the graphs' pool, which it would hold for
+            # good: dropped, as torch's own CUDA graph trees do (torch/_inductor/cudagraph_trees.py)
+            getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
     summary = {"fitness": best["fitness"], "best_epoch": best["epoch"], "epochs": epochs,
                "train_seconds": time.perf_counter() - t0,
                "params": sum(p.numel() for p in params),
@@ -327,7 +336,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
         summary["memory_format"] = str(fmt).replace("torch.", "")
     if compile_seconds is not None:
         summary["compile_seconds"] = round(compile_seconds, 3)
-    if config.cuda_graphs and device.type == "cuda":
+    if config.cuda_graphs and not config.compile and device.type == "cuda":
         summary["cuda_graphs"] = captured  # False: the capture failed (logged)
     return summary, {k: v.to("cpu") for k, v in best_state.items()}
 

@@ -17,6 +17,8 @@ NVIDIA_TF32_OVERRIDE=0 turns it off in every NVIDIA library of every process
 from __future__ import annotations
 
 import os
+import sys
+import tempfile
 
 import pytest
 
@@ -24,6 +26,17 @@ import pytest
 VISIBILITY = ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "ZE_AFFINITY_MASK")
 ORIGINAL = {k: os.environ.get(k) for k in VISIBILITY}
 ALL_ON_GPUS = os.environ.get("GALAPAGOS_TEST_GPUS", "") == "1"
+
+# PYTHONDONTWRITEBYTECODE with packages installed without their bytecode (torch in a GPU container image): every
+# process a test starts would compile torch's sources again, 2.4 s to import it where 1.2 s read the bytecode on
+# the H200 machine (bench/RESULTS.md, The test suite on a GPU machine). The session's processes write theirs to a
+# cache of their own instead (https://docs.python.org/3/using/cmdline.html#envvar-PYTHONPYCACHEPREFIX), leaving the
+# installed packages as they are; a PYTHONPYCACHEPREFIX already set is kept.
+if sys.flags.dont_write_bytecode and not os.environ.get("PYTHONPYCACHEPREFIX"):
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    prefix = os.path.join(tempfile.gettempdir(), f"galapagos-pycache-{os.getuid()}")
+    os.environ["PYTHONPYCACHEPREFIX"] = sys.pycache_prefix = prefix
+    sys.dont_write_bytecode = False
 
 if ALL_ON_GPUS:
     os.environ.setdefault("NVIDIA_TF32_OVERRIDE", "0")

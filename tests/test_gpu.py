@@ -11,11 +11,12 @@ import sys
 
 import pytest
 
-from tests.conftest import ALL_ON_GPUS
 from tests.mpirun import REPO
 from tests.test_evolve_run import SMALL, journal, shapes_file  # noqa: F401 - a fixture
 
 pytestmark = pytest.mark.gpu
+# as tests/conftest.py reads it: importing that module here would hide the GPUs again in the children that import this
+ALL_ON_GPUS = os.environ.get("GALAPAGOS_TEST_GPUS", "") == "1"
 
 
 def child_training(device: str | None = None) -> None:
