@@ -187,14 +187,13 @@ def graphed(model: torch.nn.Module, sample: torch.Tensor, amp_dtype: torch.dtype
     The gradients a replay gives are the graph's own buffers, which the next replay overwrites: safe here, where every
     step sets them to None before its backward and uses them up before the next (pytorch/pytorch#181723)."""
     saved = [b.clone() for b in model.buffers()]
+    # the capture's warm-up makes the parameters' gradient accumulators on its side stream, which autograd warns of
+    # at the backward passes after it (bench/train.py times the graphed steps with whatever sync that costs)
+    getattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch", lambda _: None)(False)
     try:
         with torch.autocast("cuda", dtype=amp_dtype or torch.float16, enabled=amp_dtype is not None,
                             cache_enabled=False):  # the API's rule for autocast
-            net = torch.cuda.make_graphed_callables(_Network(model), (sample.clone(),))
-        # the capture's warm-up made the parameters' gradient accumulators on its side stream, which autograd warns
-        # of at every backward after (bench/train.py times the graphed steps with whatever sync that costs)
-        getattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch", lambda _: None)(False)
-        return net
+            return torch.cuda.make_graphed_callables(_Network(model), (sample.clone(),))
     except Exception as e:  # noqa: BLE001 - whatever stops the capture: the candidate trains eagerly instead
         log.warning("train.cuda_graphs: the network could not be captured (%s: %s); it trains without CUDA graphs",
                     type(e).__name__, e)

@@ -5,10 +5,10 @@ Two wires, one vocabulary:
 - MPI, master <-> worker ranks, on :data:`TAG`: the master sends :class:`Setup` (or :class:`SetupFailed`) once,
   then :class:`Task`, :class:`Cancel` and :class:`Stop`; a worker sends :class:`Ready` once, then
   :class:`Progress` and :class:`Result`, and :class:`Stopped` last, in answer to Stop.
-- The pipe between a worker rank's supervisor and its trainer child: the supervisor sends :class:`TrainerSetup`
-  once, then :class:`Task`, :class:`Cancel` and :class:`Stop`; the child answers :class:`TrainerReady` (or
-  :class:`TrainerFailed`) once, then :class:`Progress` and :class:`Outcome`, which the supervisor turns into a
-  :class:`Result` with the rank, host and times.
+- The pipe between a worker rank's supervisor and its trainer child: the supervisor sends :class:`TrainerDevice`
+  (a child on a GPU, before its setup), :class:`TrainerSetup` once, then :class:`Task`, :class:`Cancel` and
+  :class:`Stop`; the child answers :class:`TrainerReady` (or :class:`TrainerFailed`) once, then :class:`Progress`
+  and :class:`Outcome`, which the supervisor turns into a :class:`Result` with the rank, host and times.
 
 Every message is a frozen dataclass from this module; statuses are :class:`Status` values.
 """
@@ -120,6 +120,13 @@ class Result:
 
 
 # -- supervisor <-> trainer child ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class TrainerDevice:
+    """The device of a child started before its rank was placed, sent once it is, ahead of the setup (which waits
+    for the data to be shared): the child starts the device's runtime meanwhile."""
+    device: str
+
+
 @dataclass(frozen=True)
 class TrainerSetup:
     rank: int

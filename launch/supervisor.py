@@ -14,8 +14,8 @@ from multiprocessing import Pipe
 from pathlib import Path
 
 from launch.placement import core_count
-from launch.protocol import (Cancel, Outcome, Progress, Result, Status, Stop, Task, TrainerFailed, TrainerReady,
-                             TrainerSetup)
+from launch.protocol import (Cancel, Outcome, Progress, Result, Status, Stop, Task, TrainerDevice, TrainerFailed,
+                             TrainerReady, TrainerSetup)
 
 log = logging.getLogger(__name__)
 
@@ -34,11 +34,11 @@ class Supervisor:
     def __init__(self, rank: int, task_fn: str, *, data: dict | None = None, cores: list[int] | None = None,
                  device: str = "cpu", log_path: Path | None = None, threads: int | None = None):
         self.rank, self.host = rank, socket.gethostname()
-        self.setup = TrainerSetup(rank, task_fn, data, None, device, 1)
-        self.place(task_fn, cores=cores, device=device, log_path=log_path, threads=threads)
         self.proc: subprocess.Popen | None = None
         self.conn = None
         self.ready = False  # the child has its setup and said TrainerReady
+        self.setup = TrainerSetup(rank, task_fn, data, None, device, 1)
+        self.place(task_fn, cores=cores, device=device, log_path=log_path, threads=threads)
         self.queue: deque[Task] = deque()
         self.current: Task | None = None
         self.started = 0.0
@@ -61,6 +61,16 @@ class Supervisor:
         threads = threads or (core_count(cores) if cores else 1)
         self.setup = TrainerSetup(self.rank, task_fn, self.setup.data, tuple(cores) if cores else None, device,
                                   threads, str(log_path) if log_path else None)
+        self._send_device()
+
+    def _send_device(self) -> None:
+        """A child not yet set up, placed on a GPU: its device now, so that it starts the GPU's runtime (a CUDA
+        context: seconds) while this rank shares the data, before the setup can go."""
+        if self.conn is not None and not self.ready and self.setup.device != "cpu":
+            try:
+                self.conn.send(TrainerDevice(self.setup.device))
+            except OSError:  # the child is gone: the handshake says so
+                pass
 
     def attach(self, data: dict | None) -> None:
         """The shared data's descriptor (datashare.share.Shared.descriptor) for the child's setup."""
@@ -80,6 +90,7 @@ class Supervisor:
             if out is not subprocess.DEVNULL:
                 out.close()
         self.conn = parent
+        self._send_device()
 
     def _spawn(self) -> None:
         self.start()

@@ -19,7 +19,7 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 from evolve.settings import load_function
-from launch.protocol import Cancel, Outcome, Progress, Status, Stop, Task, TrainerFailed, TrainerReady, TrainerSetup
+from launch.protocol import Cancel, Outcome, Progress, Status, Stop, Task, TrainerDevice, TrainerFailed, TrainerReady
 
 log = logging.getLogger(__name__)
 
@@ -102,15 +102,32 @@ def _setup_cpu(cores: tuple[int, ...] | None, threads: int) -> None:
         sys.modules["torch"].set_num_threads(max(1, threads))
 
 
+def _backend(device: str) -> Any:
+    """torch's module for `device`'s kind (torch.cuda, torch.xpu), where the task function imported torch."""
+    torch = sys.modules.get("torch")
+    return getattr(torch, device.partition(":")[0], None) if torch is not None and device != "cpu" else None
+
+
 def _usable_device(device: str) -> str:
     """`device`, or "cpu" where this child's torch cannot drive it (a CPU-only build on a GPU node: the placement
-    reads the node, not torch). The first touch of the GPU runtime on this rank, here in the child."""
-    torch = sys.modules.get("torch")
-    backend = getattr(torch, device.partition(":")[0], None) if torch is not None and device != "cpu" else None
+    reads the node, not torch)."""
+    backend = _backend(device)
     if backend is None or not hasattr(backend, "is_available") or backend.is_available():
         return device
     log.warning("this torch cannot use %s (built without its backend?): training on the CPU", device)
     return "cpu"
+
+
+def _warm(device: str) -> None:
+    """The GPU runtime of `device` started now, while the worker rank shares the data, so that the first task finds
+    it up. Nothing where this torch cannot drive it: _usable_device says so at the setup, and the task meets any
+    error again."""
+    backend = _backend(device)
+    try:
+        if backend is not None and hasattr(backend, "is_available") and backend.is_available():
+            sys.modules["torch"].empty(1, device=device)
+    except Exception:  # noqa: BLE001, S110 - see above
+        pass
 
 
 def die_with_parent(signum: int = signal.SIGKILL) -> None:
@@ -161,7 +178,8 @@ def main(fd: int, task_fn: str | None = None) -> None:
     die_with_parent()
     conn = Connection(fd)
     preloaded = _preload(task_fn)
-    setup: TrainerSetup | Stop = conn.recv()
+    while isinstance(setup := conn.recv(), TrainerDevice):
+        _warm(setup.device)
     if isinstance(setup, Stop):  # started ahead (Supervisor.start), and the job ended before it had a task
         return
     received = _received_fd(fd) if setup.data and setup.data.get("fd") is not None else None

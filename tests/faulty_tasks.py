@@ -77,3 +77,10 @@ def noisy(payload, ctx):
     print(f"noisy stdout {ctx.task_id}", flush=True)
     print(f"noisy stderr {ctx.task_id}", file=sys.stderr, flush=True)
     return {"fitness": 1.0}
+
+
+def device_state(payload, ctx):
+    """The device a task was given and whether CUDA was up before the task touched anything (TrainerDevice)."""
+    import torch
+
+    return {"fitness": 1.0, "metrics": {"device": ctx.device, "cuda_up": torch.cuda.is_initialized()}}

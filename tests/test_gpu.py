@@ -101,6 +101,25 @@ def child_graphs() -> None:
     print(json.dumps(out))
 
 
+def child_warm() -> None:
+    """A trainer child started before its rank is placed, then placed on this process's GPU: whether CUDA was up
+    before its first task touched anything (launch.protocol.TrainerDevice)."""
+    from launch.placement import place
+    from launch.protocol import Result, Task
+    from launch.supervisor import Supervisor
+
+    device = place(0, 1).device
+    s = Supervisor(1, "tests.faulty_tasks:device_state")
+    try:
+        s.start()
+        s.place("tests.faulty_tasks:device_state", device=device)
+        s.submit(Task(1, None))
+        result = next(ev for _ in range(600) for ev in s.poll(0.1) if isinstance(ev, Result))
+    finally:
+        s.stop()
+    print(json.dumps({"placed": device, **result.metrics}))
+
+
 def _python(args: list, env: dict) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *map(str, args)], cwd=REPO, env={**env, "PYTHONPATH": str(REPO)},
                           capture_output=True, text=True, timeout=300)
@@ -131,6 +150,15 @@ def test_an_evolution_trains_its_candidates_on_the_gpu(gpu_env, shapes_file, tmp
     assert len(records) == 4 and all(r["status"] in ("ok", "pruned") for r in records), records
     assert {r["metrics"].get("precision") for r in records if r["status"] == "ok"} <= {"bfloat16", "float16"}
     assert any(r["metrics"].get("precision") for r in records)  # mixed precision: only on a GPU
+
+
+def test_a_trainer_child_starts_cuda_before_its_first_task(gpu_env):
+    proc = _python(["-c", "from tests.test_gpu import child_warm; child_warm()"], gpu_env)
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    if not out["placed"].startswith("cuda:"):
+        pytest.skip(f"CUDA only, not {out['placed']}")
+    assert out == {"placed": out["device"], "device": out["placed"], "cuda_up": True}
 
 
 def test_cuda_graphs_replay_each_step_as_its_eager_one(gpu_env):

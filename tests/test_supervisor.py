@@ -129,6 +129,24 @@ def test_a_child_started_before_the_setup_runs_the_task_function_and_writes_to_t
         s.stop()
 
 
+def test_a_child_placed_on_a_gpu_before_its_setup_starts_the_gpu_runtime_or_falls_back_to_the_cpu():
+    """The device goes to a child started early as soon as it is placed (TrainerDevice, ahead of the setup that waits
+    for the data): it starts the GPU's runtime then; where this torch cannot drive the GPU (a CPU build, or the GPUs
+    hidden, as in this session: tests/conftest.py), the task trains on the CPU."""
+    import torch
+
+    s = Supervisor(1, "tests.faulty_tasks:device_state")
+    try:
+        s.start()
+        s.place("tests.faulty_tasks:device_state", device="cuda:0")
+        s.submit(Task(1, None))
+        result, _ = wait_result(s)
+        on_gpu = torch.cuda.is_available()
+        assert result.status == OK and result.metrics == {"device": "cuda:0" if on_gpu else "cpu", "cuda_up": on_gpu}
+    finally:
+        s.stop()
+
+
 def test_stop_while_a_task_runs_kills_the_child_promptly():
     s = Supervisor(1, "tests.faulty_tasks:ignores_cancel")
     s.submit(Task(9, None))
