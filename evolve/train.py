@@ -241,7 +241,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     compiled = torch.compile(model) if config.compile else None
     compile_seconds = None
     graphs = config.cuda_graphs and not config.compile and device.type == "cuda"  # captured at the first full batch
-    fast, captured = compiled, False  # what full batches take
+    fast, captured = compiled, None  # what full batches take; whether the capture took (None: not tried yet)
     amp_dtype, autocast = _autocast_for(device, config.mixed_precision)
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
     params = list(model.parameters())  # once: walking the modules was a quarter of the clipping's host time per step
@@ -269,8 +269,8 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
             total, batches = torch.zeros((), device=device), 0  # summed on the device: no host sync per batch
             for xb, yb in epoch_batches(xtr, ytr, n, genome.batch_size, gen, device):
                 full = len(xb) == genome.batch_size
-                if graphs and full:
-                    fast, graphs = graphed(model, xb, amp_dtype), False
+                if graphs and full and captured is None:
+                    fast = graphed(model, xb, amp_dtype)
                     captured = fast is not None
                 with autocast():
                     out = (fast if fast is not None and full else model)(xb)
@@ -335,8 +335,8 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
         summary["memory_format"] = str(fmt).replace("torch.", "")
     if compile_seconds is not None:
         summary["compile_seconds"] = round(compile_seconds, 3)
-    if config.cuda_graphs and not config.compile and device.type == "cuda":
-        summary["cuda_graphs"] = captured  # False: the capture failed (logged)
+    if graphs:
+        summary["cuda_graphs"] = bool(captured)  # False: the capture failed (logged), or no batch was full
     return summary, {k: v.to("cpu") for k, v in best_state.items()}
 
 
