@@ -29,12 +29,12 @@ def cmd_evolve(args) -> int:
 
 
 def stop_code(result: dict | None) -> int:
-    """0; EXIT_LOST when worker ranks stopped answering (what they held is recorded as lost); 130 when Ctrl-C
-    stopped the job (cleanly: what was done is kept)."""
+    """0; EXIT_LOST when worker ranks stopped answering or failed (what they held is recorded as lost); 130 when
+    Ctrl-C stopped the job (cleanly: what was done is kept)."""
     lost = (result or {}).get("lost_ranks") or (result or {}).get("evolution", {}).get("lost_ranks")
     if lost:
-        print(f"worker rank(s) {', '.join(map(str, lost))} stopped answering; their tasks are recorded as lost and "
-              "the job was ended", file=sys.stderr)
+        print(f"worker rank(s) {', '.join(map(str, lost))} stopped answering or failed; their tasks are recorded as "
+              "lost and the job was ended", file=sys.stderr)
         return EXIT_LOST
     return 128 + signal.SIGINT if result and result.get("stopped_by") == "SIGINT" else 0
 

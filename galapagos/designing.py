@@ -27,6 +27,9 @@ def master(comm: Any, opts: EvolveOptions) -> dict:
     if stopped := stop_signal():
         master_start(comm, SetupFailed(f"stopped by {stopped}"))  # the workers wait for a second phase
         return {"evolution": summary, "stopped_by": stopped}
+    if summary.get("lost_ranks"):  # a lost rank would never join the second phase's start; the job is ended
+        master_start(comm, SetupFailed("worker ranks were lost"))
+        return {"evolution": summary}
     with starting(comm):
         job = ensembling.prepare(out, opts.data, out / "ensemble")
     metrics = ensembling.build(comm, job)

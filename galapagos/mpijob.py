@@ -26,12 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from galapagos.errors import EXIT_USAGE, NoResult, UsageError
-from launch.protocol import EXIT_LOST
+from launch.protocol import EXIT_CRASH, EXIT_LOST
 
 log = logging.getLogger("galapagos")
-
-
-EXIT_CRASH = 1  # the job's exit code when rank 0 failed unexpectedly (MPI_Abort)
 
 
 class JobFailed(RuntimeError):
@@ -308,7 +305,6 @@ def abort(comm: Any, name: str, exc: BaseException, out: str | None) -> None:
             pass
     print(f"galapagos {name}: error on rank 0: {type(exc).__name__}: {exc}{where}; ending the job", file=sys.stderr,
           flush=True)
-    from launch.session import OUTPUT_GRACE
+    from launch.session import flush_then_abort
 
-    time.sleep(OUTPUT_GRACE)  # the line reaches the user before the abort ends the launcher's forwarding
-    comm.Abort(EXIT_CRASH)
+    flush_then_abort(comm, EXIT_CRASH)

@@ -4,7 +4,8 @@ Two wires, one vocabulary:
 
 - MPI, master <-> worker ranks, on :data:`TAG`: the master sends :class:`Setup` (or :class:`SetupFailed`) once,
   then :class:`Task`, :class:`Cancel` and :class:`Stop`; a worker sends :class:`Ready` once, then
-  :class:`Progress` and :class:`Result`, and :class:`Stopped` last, in answer to Stop.
+  :class:`Progress` and :class:`Result`, and :class:`Stopped` last, in answer to Stop (or :class:`RankFailed`, if
+  it fails unexpectedly while serving).
 - The pipe between a worker rank's supervisor and its trainer child: the supervisor sends :class:`TrainerDevice`
   (a child on a GPU, before its setup), :class:`TrainerSetup` once, then :class:`Task`, :class:`Cancel` and
   :class:`Stop`; the child answers :class:`TrainerReady` (or :class:`TrainerFailed`) once, then :class:`Progress`
@@ -23,6 +24,7 @@ EXIT_BAD_INPUT = 2  # every rank's exit code, and the command's, when the job ca
 # The job's exit code when worker ranks stopped answering: rank 0 writes everything, then MPI_Abort(EXIT_LOST) ends
 # every rank (a stopped one would never exit); MPICH's mpiexec exits with this code.
 EXIT_LOST = 3
+EXIT_CRASH = 1  # the job's exit code when a rank failed unexpectedly and ended the job (MPI_Abort)
 
 
 class Status(str, Enum):
@@ -100,6 +102,16 @@ class Stopped:
     have not finished yet (a clean stop would end with exit code 9)."""
 
     rank: int
+
+
+@dataclass(frozen=True)
+class RankFailed:
+    """A worker rank's last message when it fails unexpectedly while serving (a bug, or its node refusing it a
+    process or memory): the master gives up the tasks it held and sends it nothing more, and the job ends as one
+    with a rank that stopped answering (EXIT_LOST), since this rank cannot leave MPI before the others."""
+
+    rank: int
+    error: str  # "Type: message"
 
 
 @dataclass(frozen=True)

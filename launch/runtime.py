@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from launch.protocol import TAG, Cancel, Progress, Ready, Result, Status, Stop, Stopped, Task
+from launch.protocol import TAG, Cancel, Progress, RankFailed, Ready, Result, Status, Stop, Stopped, Task
 from launch.mpi import Backoff
 from launch.supervisor import START_TIMEOUT, Supervisor
 
@@ -103,7 +103,7 @@ class MasterState:
     started: float = field(default_factory=time.time)
     stopping: bool = False
     ended: bool = False  # the loop is over: the source's last tick
-    lost: set[int] = field(default_factory=set)  # worker ranks that stopped answering: given up, sent nothing more
+    lost: set[int] = field(default_factory=set)  # worker ranks that stopped answering or failed: sent nothing more
     slots: Slots = field(default_factory=Slots)  # tasks each worker rank holds
 
     @property
@@ -164,7 +164,8 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
     bred from the freshest results and no worker idles at the end while another still holds a queued task.
 
     A worker rank silent for `lost_grace` (default LOST_GRACE) seconds past the time limit of the task it runs is
-    given up as lost (see MasterState.lost: the caller must end the job with launch.session.abort_if_lost).
+    given up as lost (see MasterState.lost: the caller must end the job with launch.session.abort_if_lost), as is
+    one that says it failed (protocol.RankFailed).
     Whatever ends the loop, an exception included, every worker not lost is sent Stop, so that no rank waits
     forever; then (but for an exception) the master reads until each has answered (_read_until_stopped).
     """
@@ -204,14 +205,18 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
             if now <= began + task.time_limit + grace:  # started late, or not yet: look again when it may be due
                 heapq.heappush(watch, (began + task.time_limit + grace, task_id))
                 continue
-            held = list(order[rank])
-            log.warning("worker rank %d on %s stopped answering (task %d is %.0f s past its time limit of %g s): "
-                        "giving up its %d task(s); it gets no more work", rank, state.hosts.get(rank, "?"), task_id,
-                        now - began - task.time_limit, task.time_limit, len(held))
-            state.lost.add(rank)
-            slots.remove(rank)
-            for i in held:
-                give_up(i, Status.LOST, sent[i], now, f"worker rank {rank} stopped answering")
+            lose(rank, now, "stopped answering", f"task {task_id} is {now - began - task.time_limit:.0f} s past its "
+                 f"time limit of {task.time_limit:g} s")
+
+    def lose(rank: int, now: float, what: str, why: str) -> None:
+        """Give up a worker rank that stopped answering or failed: its tasks end as LOST; it gets no more work."""
+        held = list(order[rank])
+        log.warning("worker rank %d on %s %s (%s): giving up its %d task(s); it gets no more work", rank,
+                    state.hosts.get(rank, "?"), what, why, len(held))
+        state.lost.add(rank)
+        slots.remove(rank)
+        for i in held:
+            give_up(i, Status.LOST, sent[i], now, f"worker rank {rank} {what}")
 
     try:
         while True:
@@ -240,6 +245,8 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                         status = source.on_progress(obj)
                         if status:
                             send(Cancel(obj.id, status), obj.rank)
+                elif isinstance(obj, RankFailed):
+                    lose(obj.rank, time.time(), "failed", obj.error)
                 elif isinstance(obj, Ready):
                     state.hosts[obj.rank], state.devices[obj.rank] = obj.host, obj.device
                     slots.add(obj.rank)
@@ -268,7 +275,7 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                 gc.freeze()
                 give_up_silent_ranks(now)
                 if len(state.lost) == state.workers:
-                    log.error("every worker rank stopped answering (%s): ending the run",
+                    log.error("every worker rank stopped answering or failed (%s): ending the run",
                               ", ".join(map(str, sorted(state.lost))))
                     break
             # 3. keep every worker busy
@@ -321,7 +328,9 @@ def _read_until_stopped(comm: Any, ranks: list[int]) -> None:
 
 
 def worker_serve(comm: Any, supervisor: Supervisor, device: str) -> None:
-    """Serve the master until STOP: receive tasks and cancels, stream progress and results back."""
+    """Serve the master until STOP: receive tasks and cancels, stream progress and results back. If this fails
+    unexpectedly, the master is told why (RankFailed) before the error is raised: it gives this rank up at once
+    instead of waiting for it to be silent past its task's time limit, and goes on with the other workers."""
     import socket
 
     comm.send(Ready(comm.rank, socket.gethostname(), device), dest=0, tag=TAG)
@@ -348,5 +357,8 @@ def worker_serve(comm: Any, supervisor: Supervisor, device: str) -> None:
                 backoff.reset()
             elif not supervisor.busy:
                 backoff.sleep()
+    except Exception as exc:
+        comm.send(RankFailed(comm.rank, f"{type(exc).__name__}: {exc}"), dest=0, tag=TAG)
+        raise
     finally:
         supervisor.stop()

@@ -12,7 +12,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 
@@ -21,7 +21,7 @@ from datashare.share import DataShareError, Shared, share
 from datashare.shm import remove_stale
 from launch.mpi import Backoff, node_comm
 from launch.placement import Placement, node_placement
-from launch.protocol import EXIT_BAD_INPUT, EXIT_LOST, TAG, Setup, SetupFailed
+from launch.protocol import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_LOST, TAG, Setup, SetupFailed
 from launch.runtime import MasterState, TaskSource, master_serve, worker_serve
 from launch.supervisor import Supervisor
 
@@ -76,13 +76,18 @@ def abort_if_lost(comm: Any, state: MasterState) -> None:
     stopped rank never exits, so mpiexec would wait forever), so it is aborted with EXIT_LOST, which kills every
     rank of the job, stopped ones included. Without lost ranks this does nothing; with them it never returns."""
     if state.lost:
-        log.error("ending the job with exit code %d: worker rank(s) %s stopped answering", EXIT_LOST,
-                  ", ".join(map(str, sorted(state.lost))))
-        sys.stdout.flush()
-        sys.stderr.flush()
-        time.sleep(OUTPUT_GRACE)
-        comm.Abort(EXIT_LOST)
-        os._exit(EXIT_LOST)  # MPICH's MPI_Abort may return before the launcher kills the job: go on with nothing
+        log.error("ending the job with exit code %d: worker rank(s) %s stopped answering or failed",
+                  EXIT_LOST, ", ".join(map(str, sorted(state.lost))))
+        flush_then_abort(comm, EXIT_LOST)
+
+
+def flush_then_abort(comm: Any, code: int) -> NoReturn:
+    """End every rank of the job with exit code `code` once this rank's output has had time to reach the user."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    time.sleep(OUTPUT_GRACE)
+    comm.Abort(code)
+    os._exit(code)  # MPICH's MPI_Abort may return before the launcher kills the job: go on with nothing
 
 
 def worker_main(comm: Any, preload: str | None = None) -> int:
@@ -92,15 +97,32 @@ def worker_main(comm: Any, preload: str | None = None) -> int:
     # A scheduler's SIGUSR1 ahead of the wall time is for the master; ignored here, and so in the trainer children.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     supervisor = Supervisor(comm.rank, preload or "")
-    if preload:
-        supervisor.start()
     try:
-        return _work(comm, supervisor)
+        try:
+            if preload:
+                supervisor.start()
+            started = _start(comm, supervisor)
+        except Exception as exc:
+            start_failed(comm, exc)
+        if isinstance(started, int):
+            return started
+        shared, device = started
+        try:
+            worker_serve(comm, supervisor, device)
+        except Exception as exc:  # the master was told (RankFailed) and goes on without this rank
+            log.error("worker rank %d on %s failed: %s: %s; its tasks are given up, the other workers go on",
+                      comm.rank, socket.gethostname(), type(exc).__name__, exc, exc_info=exc)
+            return EXIT_CRASH  # MPI_Finalize then waits for the job's end (rank 0 aborts it, see abort_if_lost)
+        finally:
+            shared.close()
+        return 0
     finally:
         supervisor.stop()
 
 
-def _work(comm: Any, supervisor: Supervisor) -> int:
+def _start(comm: Any, supervisor: Supervisor) -> tuple[Shared, str] | int:
+    """The worker's part of the job's start: (its hold on the shared data, its device), or the exit code when the
+    job cannot start (bad input: rank 0 says why)."""
     backoff = Backoff(longest=0.01)
     while (msg := comm.improbe(source=0, tag=TAG)) is None:
         backoff.sleep()
@@ -126,8 +148,13 @@ def _work(comm: Any, supervisor: Supervisor) -> int:
         node.Free()
     supervisor.attach(shared.descriptor())
     log.debug("worker %d on %s: %s, cores %s", comm.rank, socket.gethostname(), placement.device, placement.cores)
-    try:
-        worker_serve(comm, supervisor, placement.device)
-    finally:
-        shared.close()
-    return 0
+    return shared, placement.device
+
+
+def start_failed(comm: Any, exc: Exception) -> NoReturn:
+    """A worker rank failed unexpectedly while the job started (a bug, or its node refusing it memory, a file or a
+    process): the other ranks wait for it in the data's sharing, so the whole job is ended (MPI_Abort) once the
+    error is written, as when rank 0 fails."""
+    log.error("worker rank %d on %s failed while the job started: %s: %s; ending the job", comm.rank,
+              socket.gethostname(), type(exc).__name__, exc, exc_info=exc)
+    flush_then_abort(comm, EXIT_CRASH)

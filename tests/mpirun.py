@@ -40,14 +40,16 @@ def describe_run(proc: subprocess.CompletedProcess) -> str:
 
 
 def run_mpi(n: int, args: Sequence[str | os.PathLike], timeout: float = 120,
-            env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None
-            ) -> subprocess.CompletedProcess:
+            env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
+            abort_on_error: bool = True) -> subprocess.CompletedProcess:
     """Run ``mpiexec -n n python -m mpi4py *args`` and return its result (stdout/stderr as text).
 
     On timeout the job's process group is killed and the test fails with the output seen so far. The repo
     root is on PYTHONPATH and is the default working directory, so scripts can import the project.
+    `abort_on_error=False` runs ``python *args`` instead, as a Galapagos job's ranks run (galapagos.ranks): an
+    uncaught exception then leaves its rank in MPI_Finalize instead of ending the job (mpi4py's MPI_Abort).
     """
-    cmd = [mpiexec(), "-n", str(n), sys.executable, "-m", "mpi4py", *map(str, args)]
+    cmd = [mpiexec(), "-n", str(n), sys.executable, *(["-m", "mpi4py"] if abort_on_error else []), *map(str, args)]
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), full_env.get("PYTHONPATH", "")) if p)
     full_env.setdefault("PYTHONUNBUFFERED", "1")

@@ -7,6 +7,9 @@ ranks, real signals, real files). The table, fault -> expected outcome:
 | SIGTERM to the command                            | clean stop, summary.json, exit 0, no rank left                  |
 | SIGKILL to the command                            | its mpiexec and every rank end too (nothing trains on)          |
 | a worker rank stops answering (SIGSTOP)           | its task recorded `lost`, the others go on, summary, exit 3     |
+| ... in `design`                                   | the same, then the job ends before the ensemble's phase         |
+| a worker rank fails unexpectedly (a bug)          | rank 0 is told at once; as above (tests/test_lost_worker.py)    |
+| ... while the job starts                          | one line naming the error, every rank ends (MPI_Abort), exit 1  |
 | a worker rank is killed (SIGKILL)                 | MPICH ends every rank; the command writes the summary from the  |
 |                                                   | journal, prints the resume command, removes MPICH's segments    |
 | rank 0 fails unexpectedly (a bug)                 | one line naming the error, every rank ends (MPI_Abort), exit 1  |
@@ -86,9 +89,9 @@ def wait_until(check, timeout: float, what: str):
     pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
 
 
-def running_job(data: Path, out: Path, *extra) -> subprocess.Popen:
+def running_job(data: Path, out: Path, *extra, command: str = "evolve", evaluations: int = 500) -> subprocess.Popen:
     """A long evolution that has begun training (its journal has a line)."""
-    job = start("evolve", "--data", data, "--out", out, "--evaluations", 500, "--workers", 2, *SMALL, *extra)
+    job = start(command, "--data", data, "--out", out, "--evaluations", evaluations, "--workers", 2, *SMALL, *extra)
     wait_until(lambda: (out / "results.jsonl").exists() and (out / "results.jsonl").stat().st_size > 0
                or job.poll() is not None, 120, "the first evaluation")
     assert job.poll() is None, job.communicate()
@@ -173,6 +176,20 @@ def test_a_worker_rank_that_stops_answering_is_given_up(data, tmp_path):
     records = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
     assert 1 <= [r["status"] for r in records].count("lost") <= 2 and len(records) == 500  # running + queued
     assert json.loads((out / "summary.json").read_text())["lost_ranks"]
+    wait_until(lambda: not ranks_of(out), 30, "every rank to end")
+
+
+def test_design_with_a_lost_worker_rank_ends_after_its_evolution(data, tmp_path):
+    """The ensemble's phase would wait forever for the lost rank to join its start: the job ends after the search."""
+    out = tmp_path / "run"
+    job = running_job(data, out, "--set", "run.task_timeout=4.0", "--set", "run.lost_grace=6.0",
+                      "--set", "train.epochs=1", command="design", evaluations=40)
+    os.kill(worker_ranks(out)[0], signal.SIGSTOP)
+    stdout, stderr = job.communicate(timeout=240)
+    assert job.returncode == 3, stderr
+    assert "stopped answering" in stderr and "Traceback" not in stderr
+    assert "the ensemble was not built: continue with `galapagos evolve --resume" in stdout, stdout
+    assert len((out / "results.jsonl").read_text().splitlines()) == 40
     wait_until(lambda: not ranks_of(out), 30, "every rank to end")
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.protocol import EXIT_LOST
+from launch.protocol import EXIT_CRASH, EXIT_LOST
 from tests.mpirun import describe_run, run_mpi
 
 pytestmark = pytest.mark.mpi
@@ -30,7 +30,7 @@ def left_behind(marker: str) -> list[int]:
 
 def run_job(mode: str) -> tuple:
     marker = f"GALAPAGOS_TEST_JOB={uuid.uuid4().hex}"
-    proc = run_mpi(3, [SCRIPT, mode], timeout=120, env=dict([marker.split("=")]))
+    proc = run_mpi(3, [SCRIPT, mode], timeout=120, env=dict([marker.split("=")]), abort_on_error=False)
     ended = time.time()
     for _ in range(50):  # a trainer child dies with its rank (PR_SET_PDEATHSIG): give it a moment
         if not (pids := left_behind(marker)):
@@ -52,6 +52,28 @@ def test_a_stopped_worker_rank_is_given_up_and_the_job_aborted():
     assert {status for _, rank, status in results if rank == "2"} <= {"ok", "lost"}, out
     assert any(status == "lost" for _, _, status in results), out
     assert "exit rank=0" not in proc.stdout, out  # rank 0 aborted the job instead of returning
+
+
+def test_a_worker_rank_that_fails_is_given_up_at_once():
+    proc, _ = run_job("fails")
+    out = describe_run(proc)
+    assert proc.returncode == EXIT_LOST, out
+    assert re.search(r"worker rank 2 on \S+ failed \(RuntimeError: injected worker failure\): giving up its 1 task",
+                     proc.stderr), out
+    results = re.findall(r"result id=(\d+) rank=(\d+) status=(\w+)", proc.stdout)
+    assert len(results) == 10, out
+    assert [status for _, rank, status in results if rank == "2"] == ["ok", "lost"], out
+    assert all(status == "ok" for _, rank, status in results if rank == "1"), out
+    assert "lost ranks=[2]" in proc.stdout, out
+
+
+def test_a_worker_rank_that_fails_at_start_ends_the_job():
+    proc, _ = run_job("start-fails")
+    out = describe_run(proc)
+    assert proc.returncode == EXIT_CRASH, out
+    assert re.search(r"worker rank 2 on \S+ failed while the job started: OSError: \[Errno 24\] Too many open files; "
+                     "ending the job", proc.stderr), out
+    assert "result id=" not in proc.stdout, out
 
 
 def test_a_stop_request_ends_every_rank_within_seconds():

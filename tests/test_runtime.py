@@ -7,7 +7,8 @@ from collections import deque
 import pytest
 
 import launch.runtime as runtime
-from launch.protocol import EXIT_LOST, TAG, Cancel, Progress, Ready, Result, Status, Stop, Stopped, Task
+from launch.protocol import (EXIT_LOST, TAG, Cancel, Progress, RankFailed, Ready, Result, Status, Stop, Stopped,
+                             Task)
 from launch.runtime import MasterState, master_serve
 from launch.session import abort_if_lost
 
@@ -25,7 +26,8 @@ class FakeWorker:
     """Holds the tasks the master sent it (the head runs, the rest are queued) and plays each task's script.
 
     A script is a list of steps: ("progress", metrics), ("until", predicate) (stays on this step until the
-    predicate is true), ("result", fitness, seconds[, metrics]) (the task ends OK).
+    predicate is true), ("result", fitness, seconds[, metrics]) (the task ends OK), ("fail", error) (the rank fails:
+    protocol.RankFailed).
     """
 
     def __init__(self, rank: int, comm: "FakeComm"):
@@ -75,6 +77,10 @@ class FakeWorker:
             if fit is not None:
                 self.best[task.id] = max(fit, self.best.get(task.id, fit))
             self.comm.deliver(Progress(task.id, self.rank, args[0]))
+        elif kind == "fail":  # the rank fails unexpectedly: it says so once, then sends nothing more
+            self.held.clear()
+            self.silent = True
+            self.comm.deliver(RankFailed(self.rank, args[0]))
         elif kind == "result":
             fitness, seconds, *metrics = args
             self.held.popleft()
@@ -462,6 +468,26 @@ def test_a_rank_silent_past_the_limit_and_the_grace_is_lost_and_the_run_goes_on(
     assert any(e[0] == "recv" and isinstance(e[1], Result) and e[1].rank == 2 for e in comm.log)
     assert state.busy_seconds == pytest.approx(11 * 0.05)
     assert [d for d, _ in comm.sent(Stop)] == [1]  # a lost rank would never read it
+
+
+@pytest.mark.timeout(30)
+def test_a_rank_that_fails_is_given_up_at_once():
+    """No time limit and the default grace: only the rank's own word (RankFailed) can end its tasks here."""
+    def script(rank, task):
+        return [("progress", {"epoch": 1}), ("fail", "RuntimeError: boom")] if rank == 2 else [("result", 1.0, 0.05)]
+
+    comm = FakeComm(size=3, script=script)
+    source = ListSource(8)
+    state = serve(comm, source, prefetch=1)
+    assert state.lost == {2}
+    to_2 = [t.id for d, t in comm.sent(Task) if d == 2]
+    assert len(to_2) == 2  # what it held when it failed (running and queued); nothing after
+    lost = [r for r in source.results if r.rank == 2]
+    assert sorted(r.id for r in lost) == sorted(to_2)
+    assert all(r.status == Status.LOST and r.error == "worker rank 2 failed" for r in lost)
+    assert sorted(r.id for r in source.results) == list(range(8))
+    assert all(r.status == Status.OK for r in source.results if r.rank == 1)
+    assert [d for d, _ in comm.sent(Stop)] == [1]
 
 
 @pytest.mark.timeout(30)

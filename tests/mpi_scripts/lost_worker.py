@@ -1,5 +1,7 @@
 """A job that must end by itself. `lost`: worker rank 2 stops (SIGSTOP) one second into serving; the master gives
 it up after its task's time limit plus the grace, rank 1 runs the rest, and rank 0 aborts the job with EXIT_LOST.
+`fails`: worker rank 2 fails unexpectedly at its second task; the master gives it up at once, rank 1 runs the rest,
+and rank 0 aborts the job with EXIT_LOST. `start-fails`: worker rank 2 fails while the job starts; it ends the job.
 `stop`: a stop request while every worker runs a long task; the master and the workers leave at once."""
 import logging
 import os
@@ -49,14 +51,39 @@ def stop_soon(comm):
     session.worker_serve = stopping
 
 
+def fail_at_second_task(comm):
+    """Rank 2's supervisor raises when handed its second task (as a bug in the worker rank's own code would)."""
+    submit = session.Supervisor.submit
+    handed = []
+
+    def failing(self, task):
+        handed.append(task.id)
+        if comm.rank == 2 and len(handed) == 2:
+            raise RuntimeError("injected worker failure")
+        return submit(self, task)
+    session.Supervisor.submit = failing
+
+
+def fail_at_start(comm):
+    """Rank 2 fails as it places itself on its node, before the data is shared."""
+    place = session._placement
+
+    def failing(comm_, node):
+        if comm_.rank == 2:
+            raise OSError(24, "Too many open files")
+        return place(comm_, node)
+    session._placement = failing
+
+
 mode = sys.argv[1]
 comm = world()
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"rank {comm.rank} %(levelname)s: %(message)s")
 if comm.rank == 0:
     setup = Setup("tests.faulty_tasks:sleeper")
-    if mode == "lost":
+    if mode in ("lost", "fails", "start-fails"):
         source = Sleepers(10, 0.5, LIMIT)
-        state = session.master_run(comm, setup, source, prefetch=0, lost_grace=GRACE)
+        # a rank that fails says so: the master must not wait for it to be silent past the grace
+        state = session.master_run(comm, setup, source, prefetch=0, lost_grace=GRACE if mode == "lost" else 600)
     else:
         source, until = Sleepers(4, 60.0, None), time.time() + 4.0
         state = session.master_run(comm, setup, source, prefetch=0, stop=lambda: time.time() > until and "test")
@@ -66,7 +93,6 @@ if comm.rank == 0:
     print(f"lost ranks={sorted(state.lost)}", flush=True)
     session.abort_if_lost(comm, state)
 else:
-    if mode == "lost":
-        stop_soon(comm)
+    {"lost": stop_soon, "fails": fail_at_second_task, "start-fails": fail_at_start}.get(mode, id)(comm)
     session.worker_main(comm)
 print(f"exit rank={comm.rank} at={time.time():.3f}", flush=True)
