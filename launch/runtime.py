@@ -245,7 +245,7 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                         status = source.on_progress(obj)
                         if status:
                             send(Cancel(obj.id, status), obj.rank)
-                elif isinstance(obj, RankFailed):
+                elif isinstance(obj, RankFailed) and obj.rank not in state.lost:
                     lose(obj.rank, time.time(), "failed", obj.error)
                 elif isinstance(obj, Ready):
                     state.hosts[obj.rank], state.devices[obj.rank] = obj.host, obj.device
