@@ -59,12 +59,29 @@ def run(data, tmp_path_factory) -> Path:
     return out
 
 
+STARTED: list[subprocess.Popen] = []
+
+
+@pytest.fixture(autouse=True)
+def no_job_outlives_its_test():
+    """A test that fails (or times out waiting) while its job runs does not leave the job training: the command is
+    killed, and its mpiexec and ranks end with it (their PR_SET_PDEATHSIG)."""
+    yield
+    while STARTED:
+        job = STARTED.pop()
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+
+
 def start(*args) -> subprocess.Popen:
     """`galapagos ...` as a user starts it: one process, which starts its own MPI job."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PMI_", "PMIX_", "OMPI_", "SLURM_"))}
     env["PYTHONPATH"] = str(REPO)
-    return subprocess.Popen([sys.executable, "-m", "galapagos.cli", *map(str, args)], cwd=REPO, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    job = subprocess.Popen([sys.executable, "-m", "galapagos.cli", *map(str, args)], cwd=REPO, env=env,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    STARTED.append(job)
+    return job
 
 
 def ranks_of(out: Path) -> list[int]:
