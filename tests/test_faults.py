@@ -30,6 +30,7 @@ ranks, real signals, real files). The table, fault -> expected outcome:
 """
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -216,12 +217,23 @@ def test_unexpected_rank0_failure_ends_every_rank():
     assert "galapagos boom: error on rank 0: RuntimeError: boom; ending the job" in proc.stderr, describe_run(proc)
 
 
+def fill(disk: Path, leave: int = 8 << 10) -> None:
+    """Fill the file system of `disk` but for about `leave` bytes, or wholly should the running job write meanwhile
+    (the room it had between a look and a write was once gone before the write)."""
+    with open(disk / "filler", "wb", buffering=0) as f:
+        try:
+            while (free := os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize) > leave:
+                f.write(b"\0" * (free - leave))
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC:
+                raise
+
+
 def test_full_disk_ends_the_job_with_one_line(data, mount):
     disk = mount("full")
     out = disk / "run"
     job = running_job(data, out, "--set", "space.max_params=20000", "--set", "run.keep_models=1")
-    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
-    (disk / "filler").write_bytes(b"\0" * (free - (8 << 10)))  # another user fills the disk mid-run
+    fill(disk)  # another user fills the disk mid-run
     stdout, stderr = job.communicate(timeout=240)
     assert job.returncode == 2, stderr
     lines = [line for line in stderr.splitlines() if line.startswith("galapagos evolve: error")]
