@@ -328,9 +328,7 @@ def _read_until_stopped(comm: Any, ranks: list[int]) -> None:
 
 
 def worker_serve(comm: Any, supervisor: Supervisor, device: str) -> None:
-    """Serve the master until STOP: receive tasks and cancels, stream progress and results back. If this fails
-    unexpectedly, the master is told why (RankFailed) before the error is raised: it gives this rank up at once
-    instead of waiting for it to be silent past its task's time limit, and goes on with the other workers."""
+    """Serve the master until STOP: receive tasks and cancels, stream progress and results back."""
     import socket
 
     comm.send(Ready(comm.rank, socket.gethostname(), device), dest=0, tag=TAG)
@@ -357,8 +355,5 @@ def worker_serve(comm: Any, supervisor: Supervisor, device: str) -> None:
                 backoff.reset()
             elif not supervisor.busy:
                 backoff.sleep()
-    except Exception as exc:
-        comm.send(RankFailed(comm.rank, f"{type(exc).__name__}: {exc}"), dest=0, tag=TAG)
-        raise
     finally:
         supervisor.stop()

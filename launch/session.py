@@ -21,7 +21,7 @@ from datashare.share import DataShareError, Shared, share
 from datashare.shm import remove_stale
 from launch.mpi import Backoff, node_comm
 from launch.placement import Placement, node_placement
-from launch.protocol import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_LOST, TAG, Setup, SetupFailed
+from launch.protocol import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_LOST, TAG, RankFailed, Setup, SetupFailed
 from launch.runtime import MasterState, TaskSource, master_serve, worker_serve
 from launch.supervisor import Supervisor
 
@@ -109,7 +109,10 @@ def worker_main(comm: Any, preload: str | None = None) -> int:
         shared, device = started
         try:
             worker_serve(comm, supervisor, device)
-        except Exception as exc:  # the master was told (RankFailed) and goes on without this rank
+        except Exception as exc:
+            # Rank 0 is told at once, rather than finding this rank silent past its task's time limit: it gives up
+            # the rank's tasks and goes on with the other workers.
+            comm.send(RankFailed(comm.rank, f"{type(exc).__name__}: {exc}"), dest=0, tag=TAG)
             log.error("worker rank %d on %s failed: %s: %s; its tasks are given up, the other workers go on",
                       comm.rank, socket.gethostname(), type(exc).__name__, exc, exc_info=exc)
             return EXIT_CRASH  # MPI_Finalize then waits for the job's end (rank 0 aborts it, see abort_if_lost)
