@@ -117,6 +117,7 @@ def run_rank(ref: FlowRef, opts: Any) -> dict | None:
     from launch.mpi import world
     from launch.runtime import announce_ready, catch_stop_signals
     from launch.session import worker_main
+    from launch.supervisor import uncompiled
 
     catch_stop_signals()
     comm = world()
@@ -130,6 +131,8 @@ def run_rank(ref: FlowRef, opts: Any) -> dict | None:
         workers = getattr(opts, "workers", None)
         if workers and workers != comm.size - 1:
             log.warning("--workers %d ignored: this job has %d worker rank(s)", workers, comm.size - 1)
+        if ref.task and (why := uncompiled()):
+            log.warning(why)
         try:
             return flow.master(comm, opts)
         except (*user_errors(), NoResult):

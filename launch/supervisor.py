@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import logging
 import os
 import signal
@@ -26,6 +27,33 @@ STOP_WAIT = 5.0  # seconds an idle child has to exit when told to stop, before i
 # kills the job soon after its warning, so it is killed almost at once.
 BUSY_STOP_WAIT = 1.0
 _MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "MPIR_", "HYDRA_", "MPICH_")
+
+
+def uncompiled(package: str = "torch", environ: dict | None = None) -> str | None:
+    """Why every trainer child would compile `package`'s sources again when it imports it, or None: its bytecode is
+    not where the children look for it, and they may not write it (`PYTHONDONTWRITEBYTECODE`, or a directory they
+    cannot write: https://docs.python.org/3/using/cmdline.html#envvar-PYTHONDONTWRITEBYTECODE). As in a GPU
+    container image that ships torch without bytecode: 2.4 s per import where the bytecode took 1.2 s on an H200
+    machine, and thousands of files read from a shared file system by every child (bench/RESULTS.md)."""
+    environ = os.environ if environ is None else environ
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.origin or not spec.origin.endswith(".py"):
+        return None
+    cached = Path(importlib.util.cache_from_source(spec.origin))  # where a child looks (PYTHONPYCACHEPREFIX too)
+    if cached.exists():
+        return None
+    if environ.get("PYTHONDONTWRITEBYTECODE"):
+        why = "PYTHONDONTWRITEBYTECODE is set"
+    else:
+        parent = next(d for d in cached.parents if d.exists())
+        if os.access(parent, os.W_OK):
+            return None  # the first child writes it
+        why = f"{parent} cannot be written"
+    where = Path(spec.origin).parent
+    return (f"{package} ({where}) has no compiled bytecode where its importers look and {why}: every trainer "
+            f"child compiles its sources again when it starts (seconds each). Compile them once (python -m "
+            f"compileall -q {where}) or let Python cache them on a local disk (PYTHONPYCACHEPREFIX=/tmp/pycache, "
+            "PYTHONDONTWRITEBYTECODE unset)")
 
 
 class Supervisor:

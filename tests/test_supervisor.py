@@ -1,7 +1,11 @@
 """The trainer child under its supervisor: every way a task can end becomes a Result, and the child comes back."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +15,8 @@ from launch.protocol import Progress, Result, Status, Task
 OK, PRUNED, FAILED, NAN, CRASHED, TIMEOUT = (Status.OK, Status.PRUNED, Status.FAILED, Status.NAN, Status.CRASHED,
                                             Status.TIMEOUT)
 from launch.supervisor import Supervisor
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def wait_result(sup: Supervisor, timeout: float = 60.0) -> tuple[Result, list[Progress]]:
@@ -166,3 +172,54 @@ def test_stop_when_idle_lets_the_child_exit_by_itself():
     proc = s.proc
     s.stop()
     assert result.status == OK and proc.returncode == 0  # it exited on Stop, not killed
+
+
+@pytest.fixture
+def package(tmp_path, monkeypatch):
+    """A package on sys.path with no bytecode, as torch in a GPU image that ships none (its source, compiled)."""
+    pkg = tmp_path / "site" / "uncompiledpkg"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("X = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "site"))
+    return pkg / "__init__.py"
+
+
+def test_a_package_without_bytecode_the_children_may_not_write_is_named_with_the_fix(package):
+    from launch.supervisor import uncompiled
+
+    why = uncompiled("uncompiledpkg", {"PYTHONDONTWRITEBYTECODE": "1"})
+    assert why is not None and "PYTHONDONTWRITEBYTECODE is set" in why
+    assert str(package.parent) in why and "compileall" in why and "PYTHONPYCACHEPREFIX" in why
+    assert uncompiled("uncompiledpkg", {}) is None  # the first child writes it
+    import py_compile
+
+    py_compile.compile(str(package), doraise=True)  # where this Python (and so a child) looks for it
+    assert uncompiled("uncompiledpkg", {"PYTHONDONTWRITEBYTECODE": "1"}) is None
+    assert uncompiled("no_such_package_here", {"PYTHONDONTWRITEBYTECODE": "1"}) is None
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes a read-only directory")
+def test_a_package_whose_bytecode_cannot_be_written_is_named(package):
+    from launch.supervisor import uncompiled
+
+    package.parent.chmod(0o555)
+    try:
+        why = uncompiled("uncompiledpkg", {})
+    finally:
+        package.parent.chmod(0o755)
+    assert why is not None and f"{package.parent} cannot be written" in why
+
+
+def test_the_bytecode_check_reads_the_environment_the_children_get(package, tmp_path):
+    """In a fresh process whose PYTHONDONTWRITEBYTECODE and PYTHONPYCACHEPREFIX are the job's, as on rank 0."""
+    code = "from launch.supervisor import uncompiled; print(uncompiled('uncompiledpkg'))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package.parent.parent), str(REPO)]),
+           "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(tmp_path / "pyc")}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert "PYTHONDONTWRITEBYTECODE is set" in out
+    env.pop("PYTHONDONTWRITEBYTECODE")
+    subprocess.run([sys.executable, "-c", "import uncompiledpkg"], env=env, check=True)  # caches it in the prefix
+    assert not (package.parent / "__pycache__").exists()
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "None"
