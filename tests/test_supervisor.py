@@ -176,7 +176,7 @@ def test_stop_when_idle_lets_the_child_exit_by_itself():
 
 @pytest.fixture
 def package(tmp_path, monkeypatch):
-    """A package on sys.path with no bytecode, as torch in a GPU image that ships none (its source, compiled)."""
+    """A package on sys.path with its sources only, as torch in a GPU image that ships no bytecode: its __init__.py."""
     pkg = tmp_path / "site" / "uncompiledpkg"
     pkg.mkdir(parents=True)
     (pkg / "__init__.py").write_text("X = 1\n")
