@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 from collections import deque
+from collections.abc import Mapping
 from multiprocessing import Pipe
 from pathlib import Path
 
@@ -29,7 +30,7 @@ BUSY_STOP_WAIT = 1.0
 _MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "MPIR_", "HYDRA_", "MPICH_")
 
 
-def uncompiled(package: str = "torch", environ: dict | None = None) -> str | None:
+def uncompiled(package: str = "torch", environ: Mapping[str, str] | None = None) -> str | None:
     """Why every trainer child would compile `package`'s sources again when it imports it, or None: its bytecode is
     not where the children look for it, and they may not write it (`PYTHONDONTWRITEBYTECODE`, or a directory they
     cannot write: https://docs.python.org/3/using/cmdline.html#envvar-PYTHONDONTWRITEBYTECODE). As in a GPU

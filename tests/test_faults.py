@@ -222,7 +222,7 @@ def fill(disk: Path, leave: int = 8 << 10) -> None:
     (the room it had between a look and a write was once gone before the write)."""
     with open(disk / "filler", "wb", buffering=0) as f:
         try:
-            while (free := os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize) > leave:
+            while (free := (st := os.statvfs(disk)).f_bavail * st.f_frsize) > leave:
                 f.write(b"\0" * (free - leave))
         except OSError as exc:
             if exc.errno != errno.ENOSPC:
