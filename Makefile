@@ -10,6 +10,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip uninstall --quiet --yes galapagos 2>/dev/null || true  # the distribution's name before galapagos-nas
 	$(PY) -m pip install --quiet -e ".[mpich,test]"
 	touch $@
 
@@ -17,7 +18,7 @@ $(VENV)/.installed: setup.cfg pyproject.toml
 DEMO_DIR ?= runs/demo
 demo: $(VENV)/.installed
 	mkdir -p runs
-	$(PY) -m examples.shapes --out runs/shapes.h5
+	$(PY) -m galapagos.examples.shapes --out runs/shapes.h5
 	rm -rf $(DEMO_DIR)
 	$(VENV)/bin/galapagos evolve --data runs/shapes.h5 --out $(DEMO_DIR) --config examples/demo.toml \
 		--budget-minutes 3

@@ -55,10 +55,10 @@ def _touch(arrays) -> int:
 
 def rank_main(mode: str, path: str, chunk_mib: int) -> None:
     """One rank of a measured job: get the data, touch it, report the time and memory."""
-    from datashare.format import open_file
-    from datashare.plan import array_name, dataset_plan
-    from datashare.share import share
-    from launch.mpi import node_comm, world
+    from galapagos.datashare.format import open_file
+    from galapagos.datashare.plan import array_name, dataset_plan
+    from galapagos.datashare.share import share
+    from galapagos.launch.mpi import node_comm, world
 
     comm = world()
     node = node_comm(comm)
@@ -88,7 +88,7 @@ def rank_main(mode: str, path: str, chunk_mib: int) -> None:
 
 def make_file(path: Path, gib: float) -> int:
     """A classification dataset of about `gib` GiB (float32 images), written in blocks."""
-    from datashare.write import write_dataset
+    from galapagos.datashare.write import write_dataset
 
     rows = int(gib * 2**30) // (4 * 64 * 64 * 4)
     rng = np.random.default_rng(0)
@@ -111,7 +111,7 @@ def floor(nbytes: int, repeats: int = 3) -> dict:
 
 
 def run(ranks: int, mode: str, path: Path, chunk_mib: int) -> dict:
-    from launch.mpi import mpiexec
+    from galapagos.launch.mpi import mpiexec
 
     env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent))
     if mode == "datashare-nodes":
@@ -173,7 +173,7 @@ def evolve_memory(path: Path, out: Path, workers: int, evaluations: int) -> dict
     with subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) as proc:
         while proc.poll() is None:
             pids = _tree(proc.pid)
-            trainers = [p for p in pids if b"launch.trainer" in Path(f"/proc/{p}/cmdline").read_bytes()]
+            trainers = [p for p in pids if b"galapagos.launch.trainer" in Path(f"/proc/{p}/cmdline").read_bytes()]
             if len(trainers) == workers:
                 got = [_pss(p) for p in pids]
                 samples.append((sum(t for t, _ in got), sum(s for _, s in got)))

@@ -14,7 +14,7 @@ import subprocess
 import sys
 import time
 
-from launch.protocol import Result, Task
+from galapagos.launch.protocol import Result, Task
 
 
 def noop(payload, ctx) -> dict:
@@ -62,8 +62,8 @@ class _Noops:
 def _inner(tasks: int, prefetch: int) -> None:
     from mpi4py import MPI  # default thread level, as MPIPoolExecutor wants
 
-    from launch.protocol import Setup
-    from launch.session import master_run, worker_main
+    from galapagos.launch.protocol import Setup
+    from galapagos.launch.session import master_run, worker_main
 
     comm = MPI.COMM_WORLD
     warmup = 20 * (comm.size - 1)
@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.inner:
         _inner(args.tasks, args.prefetch)
         return
-    from launch.mpi import mpiexec
+    from galapagos.launch.mpi import mpiexec
 
     cmd = [mpiexec(), "-n", str(args.ranks), sys.executable, "-m", "bench.dispatch", "--inner",
            "--tasks", str(args.tasks), "--prefetch", str(args.prefetch)]

@@ -38,9 +38,9 @@ class _Timed:
 
 
 def _inner(ens: str, data: str, batch: int, out: str, repeats: int) -> None:
-    from ensemble.average import average
-    from launch.mpi import world
-    from galapagos.inference import load_members
+    from galapagos.ensemble.average import average
+    from galapagos.launch.mpi import world
+    from galapagos.flows.prediction import load_members
 
     world_comm = world()
     comm = world_comm if world_comm.size > 1 else None
@@ -74,9 +74,9 @@ def _inner(ens: str, data: str, batch: int, out: str, repeats: int) -> None:
 
 
 def _ensemble(root: Path, members: int, samples: int, size: int, seed: int) -> tuple[Path, Path]:
-    from evolve.space import SearchSpace
-    from examples import shapes
-    from examples.random_ensemble import write_random_ensemble
+    from galapagos.evolve.space import SearchSpace
+    from galapagos.examples import shapes
+    from galapagos.examples.random_ensemble import write_random_ensemble
 
     data, ens = root / "shapes.h5", root / "ens"
     # test = `samples`; a small train split gives the members their normalisation statistics
@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
         ens, data, out = args.inner
         _inner(ens, data, args.batch, out, args.repeats)
         return
-    from launch.mpi import mpiexec
+    from galapagos.launch.mpi import mpiexec
 
     with tempfile.TemporaryDirectory(prefix="galapagos-bench-") as tmp:
         root = Path(tmp)

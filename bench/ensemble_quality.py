@@ -18,7 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from examples import cosmoflow, shapes
+from galapagos.examples import cosmoflow, shapes
 
 EXAMPLES = {
     # name: (generator, generator arguments, config overrides that keep a run small on a few cores)

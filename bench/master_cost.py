@@ -21,14 +21,14 @@ from pathlib import Path
 
 import torch
 
-from evolve.build import build_model
-from evolve.check import count_params
-from evolve.engine import Engine
-from evolve.problem import Problem
+from galapagos.evolve.build import build_model
+from galapagos.evolve.check import count_params
+from galapagos.evolve.engine import Engine
+from galapagos.evolve.problem import Problem
 from galapagos.config import load_config
-from galapagos.evolution import EvolutionSource, breeder
-from galapagos.rundir import RunDir
-from launch.protocol import Result, Status
+from galapagos.flows.evolution import EvolutionSource, breeder
+from galapagos.store.rundir import RunDir
+from galapagos.launch.protocol import Result, Status
 
 SUMMIT_RATE = 27_648 / 60  # tasks per second: every GPU of Summit on one-minute candidates
 

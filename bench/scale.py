@@ -2,7 +2,7 @@
 
     python -m bench.scale --workers 1000 4608 27648 100000 --minutes 5
 
-`launch.runtime.master_serve` runs unchanged with the real evolution source (engine, journal, median pruning,
+`launch/runtime.py: master_serve` runs unchanged with the real evolution source (engine, journal, median pruning,
 kept models, progress) on a simulated communicator of N worker ranks. Each task takes a lognormal time (median
 `--median` seconds, sigma `--sigma`: a heavy tail), reports its fitness after every epoch (so the master judges
 every epoch, as it does pruning), and a few crash or run into their time limit. The clock is virtual: it runs with
@@ -34,12 +34,12 @@ import sys
 import tempfile
 import time
 
-import launch.runtime
+import galapagos.launch.runtime as runtime
 from bench.master_cost import timed_source
-from evolve.ahead import START_WAIT, Ahead
-from evolve.problem import Problem
+from galapagos.evolve.ahead import START_WAIT, Ahead
+from galapagos.evolve.problem import Problem
 from galapagos.config import load_config
-from launch.protocol import Cancel, Progress, Ready, Result, Status, Stop, Stopped, Task
+from galapagos.launch.protocol import Cancel, Progress, Ready, Result, Status, Stop, Stopped, Task
 
 EPOCHS = 6
 CRASH, TIMEOUT = 0.01, 0.005  # fractions of tasks whose trainer dies, or that run into their time limit
@@ -111,7 +111,7 @@ class _WorkerUnpickler(pickle.Unpickler):
     first round looked twice as fast as the helper can breed it."""
 
     def find_class(self, module: str, name: str):
-        if (module, name) == ("evolve.task", "_unpickle_task"):
+        if (module, name) == ("galapagos.evolve.task", "_unpickle_task"):
             return _payload
         return super().find_class(module, name)
 
@@ -232,8 +232,8 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
     problem = Problem((3, 32, 32), "classification", 10)
     config = load_config(None, ["evolution.population_size=64", "run.task_timeout=600"]
                          + ([] if breeder_workers is None else [f"evolution.breeder_workers={breeder_workers}"]))
-    saved = launch.runtime.time, launch.runtime.Backoff
-    launch.runtime.time, launch.runtime.Backoff = clock, Backoff  # master_serve reads time.time() only
+    saved = runtime.time, runtime.Backoff
+    runtime.time, runtime.Backoff = clock, Backoff  # master_serve reads time.time() only
     try:
         with tempfile.TemporaryDirectory() as tmp:
             source, appends = timed_source(tmp, problem, config, workers)
@@ -242,7 +242,7 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
             start = clock.time()
             cpu = time.process_time()
             try:
-                state = launch.runtime.master_serve(comm, source, deadline=start + 60 * minutes, prefetch=0)
+                state = runtime.master_serve(comm, source, deadline=start + 60 * minutes, prefetch=0)
             finally:
                 source.engine.close()
             cpu = time.process_time() - cpu - clock.simulation_cpu()
@@ -250,7 +250,7 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
             helper = resource.getrusage(resource.RUSAGE_CHILDREN)  # the breeding helper, if any
             helper_cpu = helper.ru_utime + helper.ru_stime
     finally:
-        launch.runtime.time, launch.runtime.Backoff = saved
+        runtime.time, runtime.Backoff = saved
     done = source.done
     ramp = max(comm.first_task.values()) - start
     end = min(start + wall, start + 60 * minutes)  # the deadline: what follows is the job's stop

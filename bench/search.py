@@ -54,16 +54,16 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from datashare.format import inspect, load
-from datashare.write import write_dataset
-from evolve.check import check_genome
-from evolve.errors import InvalidGenome
-from evolve.genome import GENE_FIELDS, Gene, Genome
-from evolve.netdir import NetworkDir
-from evolve.problem import Problem
-from evolve.space import SearchSpace
-from evolve.train import NonFiniteLoss, normalization_stats, train_candidate
-from examples import cosmoflow, shapes, signals, tabular
+from galapagos.datashare.format import inspect, load
+from galapagos.datashare.write import write_dataset
+from galapagos.evolve.check import check_genome
+from galapagos.evolve.errors import InvalidGenome
+from galapagos.evolve.genome import GENE_FIELDS, Gene, Genome
+from galapagos.evolve.netdir import NetworkDir
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.space import SearchSpace
+from galapagos.evolve.train import NonFiniteLoss, normalization_stats, train_candidate
+from galapagos.examples import cosmoflow, shapes, signals, tabular
 from galapagos.config import Config, load_config
 
 

@@ -25,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from launch.mpi import mpiexec
-from launch.scripts.stage import environment, pack_environment
+from galapagos.launch.mpi import mpiexec
+from galapagos.launch.scripts.stage import environment, pack_environment
 
 PROBE = ("import torch, numpy, h5py, launch.trainer, launch.session, evolve.train; from mpi4py import MPI; "
          "MPI.COMM_WORLD.Barrier()")

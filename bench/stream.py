@@ -31,14 +31,14 @@ import h5py
 import numpy as np
 import torch
 
-from datashare.plan import dataset_plan
-from datashare.stream import partial_plan
-from datashare.write import write_dataset
-from evolve.batches import DataAccess
-from evolve.genome import Genome
-from evolve.problem import Problem
-from evolve.space import SearchSpace
-from evolve.train import TrainConfig, TrainTask, train_task
+from galapagos.datashare.plan import dataset_plan
+from galapagos.datashare.stream import partial_plan
+from galapagos.datashare.write import write_dataset
+from galapagos.evolve.batches import DataAccess
+from galapagos.evolve.genome import Genome
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.space import SearchSpace
+from galapagos.evolve.train import TrainConfig, TrainTask, train_task
 
 VAL = 0.02  # a small val split (carved alike in every mode), so its passes weigh little in train_seconds
 

@@ -36,12 +36,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from evolve.build import build_model, set_normalization
-from evolve.check import count_params
-from evolve.genome import Genome
-from evolve.problem import Problem
-from evolve.train import TrainConfig, TrainTask, device_data, normalization_stats, train_task
-from launch.trainer import TaskContext
+from galapagos.evolve.build import build_model, set_normalization
+from galapagos.evolve.check import count_params
+from galapagos.evolve.genome import Genome
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.train import TrainConfig, TrainTask, device_data, normalization_stats, train_task
+from galapagos.launch.trainer import TaskContext
 
 
 def _conv(ch, k=3, s=1):

@@ -30,8 +30,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from datashare.layout import MAX_COUNT
-from datashare.rules import CLASS_TASKS
+from galapagos.datashare.layout import MAX_COUNT
+from galapagos.datashare.rules import CLASS_TASKS
 
 log = logging.getLogger(__name__)
 

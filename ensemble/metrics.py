@@ -50,7 +50,7 @@ def segmentation_metrics(probs: np.ndarray, y: np.ndarray, ignore_index: int | N
     over the labelled pixels (evolve.dense computes the same during training)."""
     import torch
 
-    from evolve.dense import confusion, segmentation_scores
+    from galapagos.evolve.dense import confusion, segmentation_scores
 
     probs, y = np.asarray(probs), np.asarray(y, dtype=np.int64)
     k = probs.shape[1]
@@ -68,7 +68,7 @@ def field_metrics(pred: np.ndarray, y: np.ndarray, names: list[str] | None = Non
     keys of regression_metrics, so fields read like regression)."""
     import torch
 
-    from evolve.dense import field_scores, field_sums
+    from galapagos.evolve.dense import field_scores, field_sums
 
     y = np.asarray(y)
     s = field_scores(field_sums(torch.from_numpy(np.asarray(pred)), torch.from_numpy(y)), y.size // y.shape[1])

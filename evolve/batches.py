@@ -17,9 +17,9 @@ from typing import Any, Iterator
 import numpy as np
 import torch
 
-from datashare.plan import array_name, split_arrays
-from datashare.stream import ChunkStream
-from evolve.task import DEVICE_MODES, DataAccess
+from galapagos.datashare.plan import array_name, split_arrays
+from galapagos.datashare.stream import ChunkStream
+from galapagos.evolve.task import DEVICE_MODES, DataAccess
 
 __all__ = ["DataAccess", "DEVICE_MODES", "HostRows", "StreamBatches", "epoch_batches", "stats_sample",
            "fits_device", "resident_fits", "batch_data", "child_device", "GPU_TYPES"]

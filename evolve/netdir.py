@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from evolve.files import replace_atomically, write_json
-from evolve.genome import Genome
-from evolve.problem import Problem
+from galapagos.evolve.files import replace_atomically, write_json
+from galapagos.evolve.genome import Genome
+from galapagos.evolve.problem import Problem
 
 GENOME, MODEL, METRICS = "genome.json", "model.pt", "metrics.json"
 FILES = (GENOME, MODEL, METRICS)
@@ -75,7 +75,7 @@ class NetworkDir:
         """The network with its weights, in eval mode on `device`, with its genome and problem."""
         import torch  # here, not at the top: rank 0 writes network directories without torch
 
-        from evolve.build import build_model
+        from galapagos.evolve.build import build_model
 
         if (missing := self.missing()) is not None:
             raise ModelError(f"{missing} is missing")

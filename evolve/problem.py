@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from datashare.format import DENSE_TASKS, TASKS  # the tasks the data format knows
-from evolve.settings import is_int
+from galapagos.datashare.format import DENSE_TASKS, TASKS  # the tasks the data format knows
+from galapagos.evolve.settings import is_int
 
 __all__ = ["Problem", "TASKS"]
 

@@ -12,7 +12,7 @@ import importlib
 from dataclasses import MISSING, Field, fields
 from typing import Any, ClassVar, Iterable, Mapping, TypeVar
 
-from evolve.errors import ConfigError
+from galapagos.evolve.errors import ConfigError
 
 __all__ = ["Check", "Table", "is_int"]
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass
 
-from datashare.stream import StreamSpec
-from evolve.genome import Genome
-from evolve.problem import Problem
-from evolve.settings import Check, Table
+from galapagos.datashare.stream import StreamSpec
+from galapagos.evolve.genome import Genome
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.settings import Check, Table
 
 __all__ = ["DEVICE_MODES", "MEMORY_FORMATS", "DataAccess", "TrainConfig", "TrainTask"]
 

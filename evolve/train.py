@@ -16,17 +16,17 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from datashare.plan import split_arrays
+from galapagos.datashare.plan import split_arrays
 
-from evolve.batches import (GPU_TYPES, batch_data, child_device, epoch_batches, resident_fits,
+from galapagos.evolve.batches import (GPU_TYPES, batch_data, child_device, epoch_batches, resident_fits,
                             stats_sample)
-from evolve.build import build_model, set_normalization
-from evolve.dense import class_counts, evaluate_dense, field_loss, field_stats, segmentation_loss
-from evolve.genome import Genome
-from evolve.inherit import inherit_weights
-from evolve.netdir import save_weights
-from evolve.problem import Problem
-from evolve.task import DataAccess, TrainConfig, TrainTask
+from galapagos.evolve.build import build_model, set_normalization
+from galapagos.evolve.dense import class_counts, evaluate_dense, field_loss, field_stats, segmentation_loss
+from galapagos.evolve.genome import Genome
+from galapagos.evolve.inherit import inherit_weights
+from galapagos.evolve.netdir import save_weights
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.task import DataAccess, TrainConfig, TrainTask
 
 
 log = logging.getLogger(__name__)

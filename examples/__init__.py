@@ -1,1 +1,1 @@
-"""Example dataset generators and configs (run as ``python -m examples.NAME --out FILE.h5``)."""
+"""Example dataset generators and configs (run as ``python -m galapagos.examples.NAME --out FILE.h5``)."""

@@ -1,10 +1,10 @@
 """The Python API from start to finish on the bundled shapes data: evolve, build an ensemble, predict, and use the
 ensemble as a plain torch module.
 
-    python -m examples.api_tour --out runs/tour [--evaluations 12] [--members 3] [--workers 2]
+    python -m galapagos.examples.api_tour --out runs/tour [--evaluations 12] [--members 3] [--workers 2]
 
 Every call starts its own MPI job (mpiexec) and returns rank 0's result; the same script run under
-`srun -n 9 python -m examples.api_tour ...` runs each job on the ranks it was given instead.
+`srun -n 9 python -m galapagos.examples.api_tour ...` runs each job on the ranks it was given instead.
 """
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import h5py
 import torch
 
 import galapagos
-from examples import shapes
+from galapagos.examples import shapes
 
 # Small networks and short trainings, so that the tour takes a minute or two on a laptop.
 QUICK = ("train.epochs=3", "space.max_layers=4", "space.channels=[4, 8, 16]", "space.units=[16, 32]",
@@ -48,7 +48,7 @@ def tour(out: Path, *, evaluations: int = 12, members: int = 3, workers: int = 2
 
 
 def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m examples.api_tour", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m galapagos.examples.api_tour", description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True)
     p.add_argument("--evaluations", type=int, default=12)
     p.add_argument("--members", type=int, default=3)

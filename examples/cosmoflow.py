@@ -5,7 +5,7 @@ cube of a Gaussian random field with power spectrum ``P(k) = A * (k / k_pivot) *
 ``log10(A)`` and the spectral slope ``n``: the same kind of task (global parameters from 3D texture, where a
 3D CNN with pooling does well), small enough to evolve networks for on a laptop CPU.
 
-    python -m examples.cosmoflow --out cosmoflow.h5 [--samples 1500] [--size 16] [--seed 0]
+    python -m galapagos.examples.cosmoflow --out cosmoflow.h5 [--samples 1500] [--size 16] [--seed 0]
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
-from datashare.format import DatasetInfo
-from datashare.write import consecutive_splits, write_dataset
-from examples.cli import generator_main
+from galapagos.datashare.format import DatasetInfo
+from galapagos.datashare.write import consecutive_splits, write_dataset
+from galapagos.examples.cli import generator_main
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ Poisson equation laplacian(phi) = delta on the periodic box (phi_k = -delta_k / 
 Gaussian of width ``SMOOTHING`` voxels. The smoothing is local; the potential depends on the whole cube, so networks
 that downsample and come back up (an encoder-decoder) do better than a few convolutions at full resolution.
 
-    python -m examples.cosmoflow_field --out cosmo_field.h5 [--samples 600] [--size 16] [--seed 0]
+    python -m galapagos.examples.cosmoflow_field --out cosmo_field.h5 [--samples 600] [--size 16] [--seed 0]
 """
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import numpy as np
 
-from datashare.format import DatasetInfo
-from datashare.write import consecutive_splits, write_dataset
-from examples.cli import generator_main
-from examples.cosmoflow import LOG10_AMPLITUDE_RANGE, SLOPE_RANGE, draw_cubes
+from galapagos.datashare.format import DatasetInfo
+from galapagos.datashare.write import consecutive_splits, write_dataset
+from galapagos.examples.cli import generator_main
+from galapagos.examples.cosmoflow import LOG10_AMPLITUDE_RANGE, SLOPE_RANGE, draw_cubes
 
 TARGET_NAMES = ("potential", "smoothed_density")
 SMOOTHING = 1.5  # voxels

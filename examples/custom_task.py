@@ -1,8 +1,8 @@
 """Your own model family, or your own training code, under Galapagos: evolve the hyperparameters of a model you
 wrote.
 
-    galapagos evolve --data shapes.h5 --out runs/mine --evaluations 40 --set train.builder=examples.custom_task:build
-    galapagos evolve --data shapes.h5 --out runs/mine --evaluations 40 --set run.task=examples.custom_task:train
+    galapagos evolve --data shapes.h5 --out runs/mine --evaluations 40 --set train.builder=galapagos.examples.custom_task:build
+    galapagos evolve --data shapes.h5 --out runs/mine --evaluations 40 --set run.task=galapagos.examples.custom_task:train
 
 A builder (`train.builder = "module:function"`, here `build`) only makes the network: `build(genome, problem)`
 returns a torch module taking normalised inputs (N, *problem.sample_shape) to (N, problem.num_outputs) outputs
@@ -36,7 +36,7 @@ import math
 
 import torch
 
-from evolve.train import device_data
+from galapagos.evolve.train import device_data
 
 
 class ResidualMLP(torch.nn.Module):
@@ -72,7 +72,7 @@ def build(genome, problem) -> torch.nn.Module:
 
 def train(task, ctx) -> dict:
     if task.problem.task != "classification":
-        raise ValueError("examples.custom_task trains classifiers only")
+        raise ValueError("galapagos.examples.custom_task trains classifiers only")
     torch.manual_seed(task.seed)
     data = device_data(ctx)
     (xtr, ytr), (xva, yva) = data["train"], data["val"]

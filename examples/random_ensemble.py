@@ -1,6 +1,6 @@
 """A synthetic ensemble directory of random networks, to try `galapagos predict` without evolving or training.
 
-    python -m examples.random_ensemble --data shapes.h5 --out ens --members 8 [--steps 20]
+    python -m galapagos.examples.random_ensemble --data shapes.h5 --out ens --members 8 [--steps 20]
 
 Each member is a random genome of the search space (repaired to fit the data), with the training split's
 normalisation statistics and, with ``--steps``, a few optimizer steps on the training split, so members give
@@ -17,15 +17,15 @@ from pathlib import Path
 
 import torch
 
-from datashare.format import load
-from ensemble.store import Manifest, Member, member_dir, save_manifest
-from evolve.build import build_model, set_normalization
-from evolve.check import check_genome
-from evolve.errors import InvalidGenome
-from evolve.netdir import NetworkDir, save_weights
-from evolve.problem import Problem
-from evolve.space import SearchSpace
-from evolve.train import normalization_stats
+from galapagos.datashare.format import load
+from galapagos.store.ensembledir import Manifest, Member, member_dir, save_manifest
+from galapagos.evolve.build import build_model, set_normalization
+from galapagos.evolve.check import check_genome
+from galapagos.evolve.errors import InvalidGenome
+from galapagos.evolve.netdir import NetworkDir, save_weights
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.space import SearchSpace
+from galapagos.evolve.train import normalization_stats
 
 
 def _train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, task: str, steps: int, seed: int) -> None:
@@ -81,7 +81,7 @@ def write_random_ensemble(out: str | Path, data: str | Path, members: int = 4, *
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m examples.random_ensemble", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m galapagos.examples.random_ensemble", description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="HDF5 dataset the members are for")
     parser.add_argument("--out", required=True, help="ensemble directory to write")
     parser.add_argument("--members", type=int, default=4)

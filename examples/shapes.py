@@ -4,7 +4,7 @@ Six classes (disk, ring, horizontal bar, vertical bar, cross, two blobs) on 16x1
 shapes move around the image, so translation-equivariant convolutions with pooling do well while a small
 fully-connected network does clearly worse: a dataset on which architecture search has something to find.
 
-    python -m examples.shapes --out shapes.h5 [--samples 3000] [--noise 0.25] [--seed 0]
+    python -m galapagos.examples.shapes --out shapes.h5 [--samples 3000] [--noise 0.25] [--seed 0]
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from datashare.format import DatasetInfo
-from datashare.write import consecutive_splits, write_dataset
-from examples.cli import generator_main
+from galapagos.datashare.format import DatasetInfo
+from galapagos.datashare.write import consecutive_splits, write_dataset
+from galapagos.examples.cli import generator_main
 
 log = logging.getLogger(__name__)
 

@@ -6,7 +6,7 @@ covers it (1..6; a later shape covers an earlier one) or 0 for background; the a
 covered, are unlabelled (``ignore_index`` 255), as VOC-style segmentation data marks object boundaries. Telling a
 disk from a ring, or a bar from a cross, needs context around a pixel: an encoder-decoder has something to find.
 
-    python -m examples.shapes_seg --out shapes_seg.h5 [--samples 1500] [--size 16] [--noise 0.25] [--seed 0]
+    python -m galapagos.examples.shapes_seg --out shapes_seg.h5 [--samples 1500] [--size 16] [--noise 0.25] [--seed 0]
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-from datashare.format import DatasetInfo
-from datashare.write import consecutive_splits, write_dataset
-from examples.cli import generator_main
-from examples.shapes import CLASS_NAMES, _render
+from galapagos.datashare.format import DatasetInfo
+from galapagos.datashare.write import consecutive_splits, write_dataset
+from galapagos.examples.cli import generator_main
+from galapagos.examples.shapes import CLASS_NAMES, _render
 
 IGNORE = 255
 MAX_SHAPES = 3

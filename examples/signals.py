@@ -7,7 +7,7 @@ in the burst's local shape, not in where it is, so translation-equivariant 1D co
 while a fully-connected network on the raw trace must learn every position separately: a dataset on which
 architecture search has something to find.
 
-    python -m examples.signals --out signals.h5 [--samples 4000] [--length 128] [--noise 0.3] [--seed 0]
+    python -m galapagos.examples.signals --out signals.h5 [--samples 4000] [--length 128] [--noise 0.3] [--seed 0]
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from datashare.format import DatasetInfo
-from datashare.write import consecutive_splits, write_dataset
-from examples.cli import generator_main
+from galapagos.datashare.format import DatasetInfo
+from galapagos.datashare.write import consecutive_splits, write_dataset
+from galapagos.examples.cli import generator_main
 
 CLASS_NAMES = ("sine_low", "sine_high", "chirp_up", "chirp_down", "square", "sawtooth", "bump", "biphasic",
                "double_pulse", "ringing")

@@ -7,7 +7,7 @@ function #1 (``10 sin(pi x0 x1) + 20 (x2 - 0.5)^2 + 10 x3 + 5 x4``) with a sign-
 the products, the parabola and the gate need hidden layers of some width and depth, and the irrelevant columns
 reward regularisation: a dataset on which architecture search has something to find.
 
-    python -m examples.tabular --out tabular.h5 [--samples 6000] [--noise 1.0] [--seed 0]
+    python -m galapagos.examples.tabular --out tabular.h5 [--samples 6000] [--noise 1.0] [--seed 0]
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-from datashare.format import DatasetInfo
-from datashare.write import consecutive_splits, write_dataset
-from examples.cli import generator_main
+from galapagos.datashare.format import DatasetInfo
+from galapagos.datashare.write import consecutive_splits, write_dataset
+from galapagos.examples.cli import generator_main
 
 INFORMATIVE = 7
 COPIES = 2  # noisy copies of x0 and x3

@@ -12,14 +12,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from galapagos.mpijob import FlowRef
+from galapagos.flows.mpijob import FlowRef
 from galapagos.options import TRAIN_TASK, EnsembleOptions, EvolveOptions, PredictOptions
 
 PathLike = str | Path
-# The jobs that run a flow over MPI ranks (galapagos.mpijob); worker ranks import none of them.
-FLOWS = {"evolve": FlowRef("galapagos.evolution", task=TRAIN_TASK),
-         "design": FlowRef("galapagos.designing", phases=2, task=TRAIN_TASK),
-         "ensemble": FlowRef("galapagos.ensembling", task=TRAIN_TASK)}
+# The jobs that run a flow over MPI ranks (galapagos.flows.mpijob); worker ranks import none of them.
+FLOWS = {"evolve": FlowRef("galapagos.flows.evolution", task=TRAIN_TASK),
+         "design": FlowRef("galapagos.flows.designing", phases=2, task=TRAIN_TASK),
+         "ensemble": FlowRef("galapagos.flows.ensembling", task=TRAIN_TASK)}
 
 
 def evolve(data: PathLike, out: PathLike, *, config: PathLike | None = None, set: tuple[str, ...] = (),
@@ -77,8 +77,8 @@ def load(path: PathLike, device: str = "cpu") -> Any:
     """A saved network (a run directory, its best/, or an ensemble member) or a whole ensemble directory, as a
     torch module in eval mode: inputs (N, *sample_shape) -> class probabilities for an ensemble, logits for one
     network (classification), or regression outputs."""
-    from ensemble.store import is_ensemble
-    from galapagos.inference import load_ensemble, load_network
+    from galapagos.store.ensembledir import is_ensemble
+    from galapagos.flows.prediction import load_ensemble, load_network
 
     if is_ensemble(path):
         return load_ensemble(path, device)
@@ -97,7 +97,7 @@ def export(model: PathLike, out: PathLike, format: str = "torchscript") -> dict:
 def report(path: PathLike, top: int = 5) -> dict:
     """What a directory amounts to, by its `kind`: a run's summary (evaluations by status, the best network,
     utilisation, the `top` evaluations), a design's (the same and its ensemble's metrics), an ensemble's metrics."""
-    from galapagos.reports import run_report
+    from galapagos.reports.summary import run_report
 
     return run_report(path, top)
 
@@ -106,7 +106,7 @@ def results(path: PathLike, *, csv: PathLike | None = None, as_frame: bool = Fal
     """The journal of a run or ensemble directory as a flat table: a list of dicts, one per evaluation (the
     metrics as metric_* columns), or a pandas DataFrame (`as_frame`). With `csv`, writes the table there instead
     and returns its number of rows."""
-    from galapagos import tables
+    from galapagos.reports import tables
 
     if csv is not None:
         return tables.write_csv(path, csv)
@@ -116,7 +116,7 @@ def results(path: PathLike, *, csv: PathLike | None = None, as_frame: bool = Fal
 def html_report(path: PathLike, out: PathLike, *, compare: PathLike | None = None) -> str:
     """A self-contained HTML report of a run, design or ensemble directory (plots inline, nothing to fetch), with
     the run `compare` (e.g. a random search) beside it; returns the file written."""
-    from galapagos.html import write_report
+    from galapagos.reports.html import write_report
 
     return str(write_report(path, out, compare=compare))
 
@@ -124,7 +124,7 @@ def html_report(path: PathLike, out: PathLike, *, compare: PathLike | None = Non
 def check_data(path: PathLike, *, values: bool = True) -> Any:
     """Check a dataset file: its structure and (`values`) every value. Its DatasetInfo, or a DataError naming the
     file, the dataset and what is wrong."""
-    from datashare.format import inspect, validate
+    from galapagos.datashare.format import inspect, validate
 
     return validate(path) if values else inspect(path)
 
@@ -138,7 +138,7 @@ def import_data(npz: PathLike, out: PathLike, *, task: str | None = None, num_cl
     move the last axis first; False: they are channels-first), `relabel` (labels to 0..K-1), `num_classes`,
     `task` (the dense tasks, segmentation with `ignore_index` for unlabelled pixels, and field, are never
     inferred)."""
-    from datashare.write import import_npz
+    from galapagos.datashare.write import import_npz
 
     return import_npz(npz, out, task=task, num_classes=num_classes, name=name, overwrite=overwrite,
                       channels_last=channels_last, relabel=relabel, ignore_index=ignore_index)
@@ -146,15 +146,15 @@ def import_data(npz: PathLike, out: PathLike, *, task: str | None = None, num_cl
 
 def run(name: str, opts: Any) -> dict | None:
     """Run a job by name with its options (an options object or its dict): the one entry of every job."""
-    from galapagos.mpijob import run as run_flow
+    from galapagos.flows.mpijob import run as run_flow
 
     kinds = {"evolve": EvolveOptions, "design": EvolveOptions, "ensemble": EnsembleOptions, "predict": PredictOptions}
     if isinstance(opts, dict):
         opts = kinds[name].from_dict(opts)
     if name == "predict":
-        from galapagos import inference
+        from galapagos.flows import prediction
 
-        return inference.run(opts)
+        return prediction.run(opts)
     return run_flow(FLOWS[name], opts)
 
 

@@ -7,14 +7,14 @@ import shlex
 import signal
 import sys
 
-from datashare.rules import CLASS_TASKS
+from galapagos.datashare.rules import CLASS_TASKS
 from galapagos import api
 from galapagos.errors import EXIT_NO_RESULT, EXIT_USAGE, NoResult
-from galapagos.mpijob import JobFailed, WorkerExit, setup_logging, user_errors
+from galapagos.flows.mpijob import JobFailed, WorkerExit, setup_logging, user_errors
 from galapagos.options import EnsembleOptions, EvolveOptions, PredictOptions
 from galapagos.parser import build_parser
-from galapagos.reports import format_metrics, format_report, format_run_report, format_summary, metric_keys
-from launch.protocol import EXIT_LOST
+from galapagos.reports.summary import format_metrics, format_report, format_run_report, format_summary, metric_keys
+from galapagos.launch.protocol import EXIT_LOST
 
 
 def show(*lines: str) -> None:
@@ -143,9 +143,9 @@ def cmd_export(args) -> int:
 
 
 def cmd_data(args) -> int:
-    from datashare import format as fmt
+    from galapagos.datashare import format as fmt
 
-    from datashare.mistakes import review
+    from galapagos.datashare.mistakes import review
 
     if args.action == "check":
         info = api.check_data(args.file)
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"galapagos {args.command}: {exc}", file=sys.stderr)
         return EXIT_NO_RESULT
     except user_errors() as exc:
-        from launch.mpi import under_launcher, world
+        from galapagos.launch.mpi import under_launcher, world
 
         if args.command == "predict" and under_launcher() and world().rank != 0:
             return EXIT_USAGE  # every rank of an ensemble prediction has the error; rank 0 reports it

@@ -16,13 +16,13 @@ from typing import TYPE_CHECKING
 
 import tomli_w
 
-from ensemble.members import STRATEGIES
-from evolve.engine import EvolutionConfig
-from evolve.errors import ConfigError
-from evolve.settings import Check, Table
-from evolve.space import SearchSpace
-from evolve.task import TrainConfig
-from galapagos.datamode import DataConfig
+from galapagos.ensemble.members import STRATEGIES
+from galapagos.evolve.engine import EvolutionConfig
+from galapagos.evolve.errors import ConfigError
+from galapagos.evolve.settings import Check, Table
+from galapagos.evolve.space import SearchSpace
+from galapagos.evolve.task import TrainConfig
+from galapagos.flows.datamode import DataConfig
 from galapagos.options import TRAIN_TASK
 
 if TYPE_CHECKING:
@@ -184,7 +184,7 @@ def ensemble_overrides(members: int | None, strategy: str | None = None) -> dict
 def evolve_config(opts: "EvolveOptions") -> Config:
     """An evolution run's config: its file (with --resume the run's own), --set, then the flags; it must have a
     budget."""
-    from galapagos.rundir import RunDir
+    from galapagos.store.rundir import RunDir
 
     overrides = {}
     if opts.evaluations is not None:

@@ -1,7 +1,7 @@
 """The errors a user sees: one clear line, exit code 2, nothing written."""
 from __future__ import annotations
 
-from launch.protocol import EXIT_BAD_INPUT as EXIT_USAGE  # the exit code of a command and its ranks on bad input
+from galapagos.launch.protocol import EXIT_BAD_INPUT as EXIT_USAGE  # the exit code of a command and its ranks on bad input
 
 __all__ = ["EXIT_NO_RESULT", "EXIT_USAGE", "NoResult", "RunDirError", "UsageError"]
 

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import torch
 
-from datashare.rules import CLASS_TASKS
-from ensemble.store import is_ensemble, load_manifest
+from galapagos.datashare.rules import CLASS_TASKS
+from galapagos.store.ensembledir import is_ensemble, load_manifest
 from galapagos.errors import UsageError
 
 FORMATS = ("torchscript", "pt2", "onnx")
@@ -35,7 +35,7 @@ class Probabilities(torch.nn.Module):
 
 def exportable(model: str | Path) -> tuple[torch.nn.Module, tuple[int, ...], str]:
     """The module to export (eval mode, on the CPU), the per-sample input shape and the task."""
-    from galapagos.inference import load_ensemble, load_network
+    from galapagos.flows.prediction import load_ensemble, load_network
 
     if is_ensemble(model):
         problem = load_manifest(model).problem

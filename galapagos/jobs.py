@@ -13,9 +13,9 @@ from typing import Any
 
 from galapagos.errors import UsageError
 from galapagos.parser import build_parser
-from launch.scripts import (OPTION_KEYS, build_request, is_active, load_settings, load_site, next_script, parse_env,
+from galapagos.launch.scripts import (OPTION_KEYS, build_request, is_active, load_settings, load_site, next_script, parse_env,
                             render, save_settings, submit, write_job)
-from launch.scripts.stage import environment, pack_environment
+from galapagos.launch.scripts.stage import environment, pack_environment
 
 JOB_COMMANDS = ("evolve", "ensemble", "design")
 PATH_OPTIONS = ("--data", "--out", "--config", "--from")
@@ -96,7 +96,7 @@ def pin_config(command: tuple[str, ...], out: Path, job_dir: Path) -> tuple[str,
     """evolve: check the config now, write the resolved file beside the script and run the job with it."""
     from galapagos.config import evolve_config
     from galapagos.options import EvolveOptions
-    from galapagos.rundir import RunDir
+    from galapagos.store.rundir import RunDir
 
     args = _parse_command(list(command))
     if args.command != "evolve" or args.resume:

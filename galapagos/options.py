@@ -6,7 +6,7 @@ import dataclasses
 from dataclasses import dataclass, fields
 from typing import Any
 
-TRAIN_TASK = "evolve.train:train_task"  # Galapagos's own task function ([run] task's default)
+TRAIN_TASK = "galapagos.evolve.train:train_task"  # Galapagos's own task function ([run] task's default)
 
 
 class _Options:

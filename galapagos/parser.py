@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import argparse
 
-from datashare.format import TASKS
+from galapagos import __version__
+from galapagos.datashare.format import TASKS
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="galapagos", description="Evolve neural networks for a scientific dataset, "
                                 "at supercomputer scale.")
+    p.add_argument("--version", action="version", version=f"galapagos {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
 
     e = sub.add_parser("evolve", help="evolve networks for a dataset (rank 0 evolves, every other rank trains)")

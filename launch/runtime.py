@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from launch.protocol import TAG, Cancel, Progress, RankFailed, Ready, Result, Status, Stop, Stopped, Task
-from launch.mpi import Backoff
-from launch.supervisor import START_TIMEOUT, Supervisor
+from galapagos.launch.protocol import TAG, Cancel, Progress, RankFailed, Ready, Result, Status, Stop, Stopped, Task
+from galapagos.launch.mpi import Backoff
+from galapagos.launch.supervisor import START_TIMEOUT, Supervisor
 
 log = logging.getLogger(__name__)
 

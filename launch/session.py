@@ -16,14 +16,14 @@ from typing import Any, NoReturn
 
 import numpy as np
 
-from datashare.plan import Plan
-from datashare.share import DataShareError, Shared, share
-from datashare.shm import remove_stale
-from launch.mpi import Backoff, node_comm
-from launch.placement import Placement, node_placement
-from launch.protocol import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_LOST, TAG, RankFailed, Setup, SetupFailed
-from launch.runtime import MasterState, TaskSource, master_serve, worker_serve
-from launch.supervisor import Supervisor
+from galapagos.datashare.plan import Plan
+from galapagos.datashare.share import DataShareError, Shared, share
+from galapagos.datashare.shm import remove_stale
+from galapagos.launch.mpi import Backoff, node_comm
+from galapagos.launch.placement import Placement, node_placement
+from galapagos.launch.protocol import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_LOST, TAG, RankFailed, Setup, SetupFailed
+from galapagos.launch.runtime import MasterState, TaskSource, master_serve, worker_serve
+from galapagos.launch.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 

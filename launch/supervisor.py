@@ -15,8 +15,8 @@ from collections.abc import Mapping
 from multiprocessing import Pipe
 from pathlib import Path
 
-from launch.placement import core_count
-from launch.protocol import (Cancel, Outcome, Progress, Result, Status, Stop, Task, TrainerDevice, TrainerFailed,
+from galapagos.launch.placement import core_count
+from galapagos.launch.protocol import (Cancel, Outcome, Progress, Result, Status, Stop, Task, TrainerDevice, TrainerFailed,
                              TrainerReady, TrainerSetup)
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class Supervisor:
         env.setdefault("OMP_NUM_THREADS", str(self.setup.threads))
         out = open(self.setup.log, "ab") if self.setup.log else subprocess.DEVNULL
         try:
-            self.proc = subprocess.Popen([sys.executable, "-m", "launch.trainer", str(child.fileno()),
+            self.proc = subprocess.Popen([sys.executable, "-m", "galapagos.launch.trainer", str(child.fileno()),
                                           self.setup.task_fn], pass_fds=[child.fileno()], env=env, stdout=out,
                                          stderr=out, start_new_session=True)
         finally:

@@ -1,6 +1,6 @@
 """The trainer child: the process a worker rank starts to run its tasks, so that a crash costs a restart, not the rank.
 
-Started as `python -m launch.trainer FD`; FD is one end of a multiprocessing pipe. The first message, a
+Started as `python -m galapagos.launch.trainer FD`; FD is one end of a multiprocessing pipe. The first message, a
 TrainerSetup, sets it up (task function, cores, device, shared data); then it runs one Task at a time until told to
 Stop (messages: launch/protocol.py).
 """
@@ -18,8 +18,8 @@ import warnings
 from multiprocessing.connection import Connection
 from typing import Any, Callable
 
-from evolve.settings import load_function
-from launch.protocol import Cancel, Outcome, Progress, Status, Stop, Task, TrainerDevice, TrainerFailed, TrainerReady
+from galapagos.evolve.settings import load_function
+from galapagos.launch.protocol import Cancel, Outcome, Progress, Status, Stop, Task, TrainerDevice, TrainerFailed, TrainerReady
 
 log = logging.getLogger(__name__)
 
@@ -192,7 +192,7 @@ def main(fd: int, task_fn: str | None = None) -> None:
         shared = None
         data: dict = {}
         if setup.data:
-            from datashare.share import open_shared
+            from galapagos.datashare.share import open_shared
 
             shared, data = open_shared(setup.data if received is None else {**setup.data, "fd": received})
         if received is not None:

@@ -58,7 +58,7 @@ def original_env() -> dict[str, str]:
 @pytest.fixture
 def gpu_env() -> dict[str, str]:
     """The environment for a process that should use this machine's GPUs; skips where there is none."""
-    from launch.placement import read_topology
+    from galapagos.launch.placement import read_topology
 
     env = original_env()
     topology = read_topology(env=env)

@@ -6,7 +6,7 @@ import signal
 import sys
 import time
 
-from evolve.train import train_task
+from galapagos.evolve.train import train_task
 
 # task id -> what goes wrong (ids start at 0)
 FAULTS = {1: "raise", 2: "nan", 3: "segfault", 4: "hang", 5: "abort"}
@@ -32,7 +32,7 @@ def faulty(payload, ctx):
 
 def quick(payload, ctx):
     """A cheap stand-in for training: fitness from the genome, epochs reported, for runtime tests."""
-    from evolve.genome import Genome
+    from galapagos.evolve.genome import Genome
 
     g = payload.genome if hasattr(payload, "genome") else Genome.from_json(payload["genome"])
     fitness = -abs(g.num_layers - 4) - abs(g.batch_size - 64) / 64

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def mpiexec() -> str:
     """The mpiexec the project would use (beside this Python first); skip where there is none."""
-    from launch.mpi import mpiexec as find
+    from galapagos.launch.mpi import mpiexec as find
 
     try:
         return find()
@@ -46,7 +46,7 @@ def run_mpi(n: int, args: Sequence[str | os.PathLike], timeout: float = 120,
 
     On timeout the job's process group is killed and the test fails with the output seen so far. The repo
     root is on PYTHONPATH and is the default working directory, so scripts can import the project.
-    `abort_on_error=False` runs ``python *args`` instead, as a Galapagos job's ranks run (galapagos.ranks): an
+    `abort_on_error=False` runs ``python *args`` instead, as a Galapagos job's ranks run (galapagos.flows.ranks): an
     uncaught exception then leaves its rank in MPI_Finalize instead of ending the job (mpi4py's MPI_Abort).
     """
     cmd = [mpiexec(), "-n", str(n), sys.executable, *(["-m", "mpi4py"] if abort_on_error else []), *map(str, args)]

@@ -7,10 +7,10 @@ import signal
 
 import pytest
 
-from evolve.ahead import AHEAD, Ahead
-from evolve.engine import Engine, EvolutionConfig
-from evolve.errors import SearchExhausted
-from evolve.space import SearchSpace
+from galapagos.evolve.ahead import AHEAD, Ahead
+from galapagos.evolve.engine import Engine, EvolutionConfig
+from galapagos.evolve.errors import SearchExhausted
+from galapagos.evolve.space import SearchSpace
 from tests.test_engine import IMAGE, SPACE, TABULAR, synthetic_fitness
 
 
@@ -52,7 +52,7 @@ def test_a_failed_helper_leaves_rank_0_breeding_on_its_own(caplog):
     first = run(ahead, 10)
     os.kill(ahead.proc.pid, signal.SIGKILL)
     ahead.proc.wait()
-    with caplog.at_level(logging.WARNING, logger="evolve.ahead"):
+    with caplog.at_level(logging.WARNING, logger="galapagos.evolve.ahead"):
         rest = run(ahead, AHEAD + 20)  # the children it had sent are used up, then rank 0 breeds
     ahead.close()
     assert "breeding helper failed" in caplog.text and "exited with code -9" in caplog.text

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import galapagos
-from examples import api_tour, shapes
+from galapagos.examples import api_tour, shapes
 from tests.mpirun import REPO, describe_run, run_mpi
 
 pytestmark = pytest.mark.mpi

@@ -3,8 +3,8 @@ import re
 
 import pytest
 
-from evolve.errors import ConfigError
-from evolve.train import TrainConfig
+from galapagos.evolve.errors import ConfigError
+from galapagos.evolve.train import TrainConfig
 from galapagos.config import SECTIONS, Config, EnsembleConfig, load_config, parse_value
 
 

@@ -8,9 +8,9 @@ import h5py
 import numpy as np
 import pytest
 
-from datashare.format import DataError, describe, inspect, load, validate
-from datashare.plan import dataset_plan
-from datashare.write import import_npz, write_dataset
+from galapagos.datashare.format import DataError, describe, inspect, load, validate
+from galapagos.datashare.plan import dataset_plan
+from galapagos.datashare.write import import_npz, write_dataset
 
 
 def one_line_error(fn, *args, **kwargs) -> str:

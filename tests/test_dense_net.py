@@ -8,14 +8,14 @@ import numpy as np
 import pytest
 import torch
 
-from evolve.build import build_model
-from evolve.check import check_genome, count_params
-from evolve.dense import confusion, field_scores, field_sums, segmentation_scores
-from evolve.genome import Genome
-from evolve.operators import crossover, mutate
-from evolve.problem import Problem
-from evolve.space import SearchSpace
-from evolve.train import TrainConfig, normalization_stats, train_candidate
+from galapagos.evolve.build import build_model
+from galapagos.evolve.check import check_genome, count_params
+from galapagos.evolve.dense import confusion, field_scores, field_sums, segmentation_scores
+from galapagos.evolve.genome import Genome
+from galapagos.evolve.operators import crossover, mutate
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.space import SearchSpace
+from galapagos.evolve.train import TrainConfig, normalization_stats, train_candidate
 
 CONV = {"type": "conv", "channels": 8, "kernel": 3, "stride": 1, "act": "relu"}
 DOWN = {"type": "conv", "channels": 16, "kernel": 3, "stride": 2, "act": "relu"}
@@ -149,8 +149,8 @@ def test_field_trains_and_predicts_in_target_units() -> None:
 
 
 def test_ensemble_average_per_pixel_in_one_process() -> None:
-    from ensemble.average import average, member_output
-    from ensemble.selection import pixel_samples
+    from galapagos.ensemble.average import average, member_output
+    from galapagos.ensemble.selection import pixel_samples
 
     seg, field = Problem((1, 6, 5), "segmentation", 3), Problem((1, 6, 5), "field", 2)
     x = np.random.default_rng(0).normal(size=(7, 1, 6, 5)).astype(np.float32)

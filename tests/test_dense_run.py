@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from datashare.format import validate
-from examples import cosmoflow_field, shapes_seg
+from galapagos.datashare.format import validate
+from galapagos.examples import cosmoflow_field, shapes_seg
 from tests.mpirun import REPO, describe_run, run_mpi
 from tests.test_evolve_run import SMALL, galapagos, journal  # SMALL's space.units: no dense genes here
 
@@ -41,7 +41,7 @@ def test_examples_write_valid_dense_files(seg_file, field_file, tmp_path) -> Non
     assert (field.task, field.num_targets, field.y_sample_shape) == ("field", 2, (2, 8, 8, 8))
     assert field.target_names == ("potential", "smoothed_density")
     out = tmp_path / "s.h5"
-    proc = subprocess.run([sys.executable, "-m", "examples.shapes_seg", "--out", out, "--samples", "40", "--size",
+    proc = subprocess.run([sys.executable, "-m", "galapagos.examples.shapes_seg", "--out", out, "--samples", "40", "--size",
                            "12"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and proc.stdout.startswith(f"wrote {out}: segmentation, 7 classes"), proc.stderr
 

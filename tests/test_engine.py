@@ -9,12 +9,12 @@ import statistics
 
 import pytest
 
-from evolve.engine import Candidate, Engine, EvolutionConfig
-from evolve.errors import ConfigError, SearchExhausted
-from evolve.genome import Genome
-from evolve.priors import prior_genomes
-from evolve.problem import Problem
-from evolve.space import SearchSpace
+from galapagos.evolve.engine import Candidate, Engine, EvolutionConfig
+from galapagos.evolve.errors import ConfigError, SearchExhausted
+from galapagos.evolve.genome import Genome
+from galapagos.evolve.priors import prior_genomes
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.space import SearchSpace
 
 SPACE = SearchSpace(channels=(4, 8, 16), units=(8, 16, 32), max_layers=8)
 TABULAR = Problem((10,), "classification", 3)

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ensemble.members import SEED_BASE, choose_members
-from ensemble.store import EnsembleError, load_manifest, member_dir
-from examples import shapes
+from galapagos.ensemble.members import SEED_BASE, choose_members
+from galapagos.store.ensembledir import EnsembleError, load_manifest, member_dir
+from galapagos.examples import shapes
 from galapagos import cli
-from galapagos.inference import load_network
+from galapagos.flows.prediction import load_network
 from tests.mpirun import describe_run, run_mpi
 from tests.test_evolve_run import SMALL, galapagos, journal
 
@@ -141,7 +141,7 @@ def test_a_crashed_member_is_recorded_and_the_rest_make_the_ensemble(design, sha
 
 
 def test_no_member_trained_is_a_clear_error(design, shapes_file, tmp_path):
-    from galapagos.ensembling import finish, prepare
+    from galapagos.flows.ensembling import finish, prepare
 
     run, _ = design
     job = prepare(run, shapes_file, tmp_path / "ens", overrides={"ensemble.members": 2})
@@ -178,9 +178,9 @@ def test_bad_inputs_fail_clearly(design, shapes_file, tmp_path, capsys):
 
 def test_selection_weights_reproduce_the_saved_metrics(design, shapes_file):
     """The manifest's weights applied to the members' own predictions give the saved ensemble metrics."""
-    from datashare.format import load
-    from ensemble.metrics import classification_metrics
-    from galapagos.inference import predict_outputs
+    from galapagos.datashare.format import load
+    from galapagos.ensemble.metrics import classification_metrics
+    from galapagos.flows.prediction import predict_outputs
 
     run, _ = design
     ens = run / "ensemble"

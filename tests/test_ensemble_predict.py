@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from ensemble.average import assigned, average
-from ensemble.metrics import classification_metrics, regression_metrics
-from ensemble.store import EnsembleError, load_manifest, member_dir, save_manifest
-from examples import cosmoflow, shapes
-from examples.random_ensemble import write_random_ensemble
+from galapagos.ensemble.average import assigned, average
+from galapagos.ensemble.metrics import classification_metrics, regression_metrics
+from galapagos.store.ensembledir import EnsembleError, load_manifest, member_dir, save_manifest
+from galapagos.examples import cosmoflow, shapes
+from galapagos.examples.random_ensemble import write_random_ensemble
 from galapagos.cli import main
-from galapagos.inference import _device, load_network, predict, predict_ensemble, predict_outputs
+from galapagos.flows.prediction import _device, load_network, predict, predict_ensemble, predict_outputs
 from tests.mpirun import describe_run, run_mpi
 from tests.test_evolve_run import galapagos
 
@@ -55,7 +55,7 @@ def read_h5(path: Path) -> tuple[dict[str, np.ndarray], dict]:
 def member_outputs(ens: Path, data: Path, split: str, batch: int) -> tuple[np.ndarray, np.ndarray, list]:
     """Each used member's outputs, computed one network at a time the way `predict` does for a best/ dir (same
     batch size: float32 kernels may round differently for other batch shapes)."""
-    from datashare.format import load
+    from galapagos.datashare.format import load
 
     manifest = load_manifest(ens)
     _, splits = load(data, (split,))

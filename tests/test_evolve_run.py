@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from evolve.ahead import AHEAD
-from examples import cosmoflow, shapes
+from galapagos.evolve.ahead import AHEAD
+from galapagos.examples import cosmoflow, shapes
 from tests.mpirun import REPO, describe_run, run_mpi
 
 pytestmark = pytest.mark.mpi

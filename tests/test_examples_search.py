@@ -10,14 +10,14 @@ import time
 import numpy as np
 import pytest
 
-from datashare.format import load, validate
-from evolve.check import check_genome, count_params
-from evolve.errors import InvalidGenome
-from evolve.genome import GENE_FIELDS, Genome
-from evolve.netdir import NetworkDir
-from evolve.problem import Problem
-from evolve.space import SearchSpace
-from examples import signals, tabular
+from galapagos.datashare.format import load, validate
+from galapagos.evolve.check import check_genome, count_params
+from galapagos.evolve.errors import InvalidGenome
+from galapagos.evolve.genome import GENE_FIELDS, Genome
+from galapagos.evolve.netdir import NetworkDir
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.space import SearchSpace
+from galapagos.examples import signals, tabular
 from galapagos.config import load_config
 
 

@@ -12,7 +12,7 @@ import h5py
 import numpy as np
 import pytest
 
-from ensemble.store import member_dir
+from galapagos.store.ensembledir import member_dir
 from galapagos import api
 from tests.test_ensemble_predict import cosmo_ens, shapes_ens  # noqa: F401 - fixtures
 from tests.test_evolve_run import galapagos

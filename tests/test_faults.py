@@ -175,7 +175,7 @@ def worker_ranks(out: Path) -> list[int]:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
         except OSError:
             continue
-        if b"galapagos.ranks" in cmd and env.get(b"PMI_RANK", b"0") != b"0":
+        if b"galapagos.flows.ranks" in cmd and env.get(b"PMI_RANK", b"0") != b"0":
             pids.append(pid)
     return pids
 
@@ -253,7 +253,7 @@ def test_too_little_room_for_the_models_is_refused_at_start(data, mount):
 
 
 def test_a_killed_worker_rank_ends_the_job_with_a_summary(data, tmp_path):
-    from launch.mpi import orphaned_segments, shm_segments
+    from galapagos.launch.mpi import orphaned_segments, shm_segments
 
     before = shm_segments()
     out = tmp_path / "run"
@@ -363,14 +363,14 @@ def test_broken_network_files(run, data, tmp_path, broken, words):
 
 
 def test_shared_memory_sizes_are_shown_in_units_that_show_them():
-    from datashare.shm import _gib
+    from galapagos.datashare.shm import _gib
 
     assert _gib(3 << 30) == "3.00 GiB" and _gib(2 << 20) == "2.00 MiB" and _gib(1536) == "1.50 KiB"
     assert _gib(10) == "10 bytes"
 
 
 def test_ensemble_resume_accepts_the_plans_own_members(run, data, tmp_path):
-    from galapagos.ensembling import prepare
+    from galapagos.flows.ensembling import prepare
 
     out = tmp_path / "ens"
     proc = galapagos("ensemble", "--from", run, "--data", data, "--out", out, "--members", 2, "--workers", 1,

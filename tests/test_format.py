@@ -10,10 +10,10 @@ import h5py
 import numpy as np
 import pytest
 
-from datashare import format as fmt
-from datashare.format import DataError, check_values, describe, inspect, load, validate
-from datashare.write import import_npz, write_dataset
-from examples import cosmoflow, shapes
+from galapagos.datashare import format as fmt
+from galapagos.datashare.format import DataError, check_values, describe, inspect, load, validate
+from galapagos.datashare.write import import_npz, write_dataset
+from galapagos.examples import cosmoflow, shapes
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -414,7 +414,7 @@ def test_shapes_example(tmp_path: Path) -> None:
 
 def test_example_command_line(tmp_path: Path) -> None:
     out = tmp_path / "s.h5"
-    proc = subprocess.run([sys.executable, "-m", "examples.shapes", "--out", str(out), "--samples", "60",
+    proc = subprocess.run([sys.executable, "-m", "galapagos.examples.shapes", "--out", str(out), "--samples", "60",
                            "--seed", "1"], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith(f"wrote {out}") and len(proc.stdout.strip().splitlines()) == 1

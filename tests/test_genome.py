@@ -14,12 +14,12 @@ import sys
 import pytest
 import torch
 
-from evolve.build import build_model, set_normalization
-from evolve.check import _repair, check_genome, count_params
-from evolve.errors import ConfigError, InvalidGenome
-from evolve.genome import Gene, Genome
-from evolve.problem import Problem
-from evolve.space import SearchSpace
+from galapagos.evolve.build import build_model, set_normalization
+from galapagos.evolve.check import _repair, check_genome, count_params
+from galapagos.evolve.errors import ConfigError, InvalidGenome
+from galapagos.evolve.genome import Gene, Genome
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.space import SearchSpace
 
 # Small enough that real CPU forward passes on 8, 8x8 and 8x8x8 inputs take milliseconds.
 SMALL = SearchSpace(

@@ -22,9 +22,9 @@ ALL_ON_GPUS = os.environ.get("GALAPAGOS_TEST_GPUS", "") == "1"
 def child_training(device: str | None = None) -> None:
     """Run in a process of its own: one 2D and one 3D candidate on this process's GPU (or `device`), each with the
     default layout ("auto": channels-last for 2D there) and the contiguous one; their summaries as one JSON line."""
-    from launch.placement import place
-    from evolve.problem import Problem
-    from evolve.train import TrainConfig, train_candidate
+    from galapagos.launch.placement import place
+    from galapagos.evolve.problem import Problem
+    from galapagos.evolve.train import TrainConfig, train_candidate
     from tests.test_train import blobs, genome
 
     device = device or place(0, 1).device
@@ -45,10 +45,10 @@ def child_graphs() -> None:
     and with `train.cuda_graphs`; a graphed network's outputs and gradients against its eager ones, on two batches;
     and a network that syncs with the host in its forward, which cannot be captured. The results as one JSON line."""
     import torch
-    from evolve.build import build_model
-    from evolve.problem import Problem
-    from evolve.train import TrainConfig, graphed, train_candidate
-    from launch.placement import place
+    from galapagos.evolve.build import build_model
+    from galapagos.evolve.problem import Problem
+    from galapagos.evolve.train import TrainConfig, graphed, train_candidate
+    from galapagos.launch.placement import place
     from tests.test_train import blobs, genome
 
     device = torch.device(place(0, 1).device)
@@ -104,9 +104,9 @@ def child_graphs() -> None:
 def child_warm() -> None:
     """A trainer child started before its rank is placed, then placed on this process's GPU: whether CUDA was up
     before its first task touched anything (launch.protocol.TrainerDevice)."""
-    from launch.placement import place
-    from launch.protocol import Result, Task
-    from launch.supervisor import Supervisor
+    from galapagos.launch.placement import place
+    from galapagos.launch.protocol import Result, Task
+    from galapagos.launch.supervisor import Supervisor
 
     device = place(0, 1).device
     s = Supervisor(1, "tests.faulty_tasks:device_state")
@@ -127,7 +127,7 @@ def _python(args: list, env: dict) -> subprocess.CompletedProcess:
 
 def test_candidates_train_on_the_gpu_in_mixed_precision_and_channels_last(gpu_env):
     if not ALL_ON_GPUS:  # the session's default: its processes see no GPU
-        hidden = _python(["-c", "from launch.placement import place; print(place(0, 1).device)"], dict(os.environ))
+        hidden = _python(["-c", "from galapagos.launch.placement import place; print(place(0, 1).device)"], dict(os.environ))
         assert hidden.returncode == 0 and hidden.stdout.strip() == "cpu", hidden.stderr
     proc = _python(["-c", "from tests.test_gpu import child_training; child_training()"], gpu_env)
     assert proc.returncode == 0, proc.stderr

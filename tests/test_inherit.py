@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
-from evolve.build import build_model
-from evolve.genome import Gene, Genome
-from evolve.inherit import inherit_weights
-from evolve.problem import Problem
-from evolve.train import TrainConfig, TrainTask, train_task
+from galapagos.evolve.build import build_model
+from galapagos.evolve.genome import Gene, Genome
+from galapagos.evolve.inherit import inherit_weights
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.train import TrainConfig, TrainTask, train_task
 from tests.test_evolve_run import SMALL, galapagos, shapes_file  # noqa: F401 - fixture
 
 IMAGE = Problem((1, 12, 12), "classification", 3)
@@ -81,7 +81,7 @@ class Ctx:
 
 
 def test_a_parent_whose_weights_are_gone_trains_from_scratch(tmp_path, shapes_file):  # noqa: F811
-    from datashare.format import load
+    from galapagos.datashare.format import load
     _, splits = load(shapes_file, ("train", "val"))
     arrays = {f"{split}/{k}": a for split, xy in splits.items() for k, a in zip("xy", xy)}
     task = TrainTask(PARENT, Problem((1, 12, 12), "classification", 6), TrainConfig(epochs=1),
@@ -109,9 +109,9 @@ def test_children_of_a_run_inherit_and_the_population_keeps_its_weights(shapes_f
 
 
 def test_a_child_that_inherits_most_of_its_parent_trains_inherited_epochs(shapes_file):  # noqa: F811
-    from datashare.format import load
-    from evolve.errors import ConfigError
-    from evolve.train import train_candidate
+    from galapagos.datashare.format import load
+    from galapagos.evolve.errors import ConfigError
+    from galapagos.evolve.train import train_candidate
     _, splits = load(shapes_file, ("train", "val"))
     data = {split: tuple(torch.from_numpy(a) for a in xy) for split, xy in splits.items()}
     problem = Problem((1, 12, 12), "classification", 6)

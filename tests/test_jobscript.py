@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from examples import shapes
+from galapagos.examples import shapes
 from galapagos.cli import main
-from launch.scripts import (SCHEDULERS, SCHEDULERS_ORDER, JobScriptError, check_queue_limits, load_site,
+from galapagos.launch.scripts import (SCHEDULERS, SCHEDULERS_ORDER, JobScriptError, check_queue_limits, load_site,
                             parse_walltime, smt_level)
 from tests.mpirun import REPO
 
@@ -599,8 +599,8 @@ def _alive(pid: int) -> bool:
 
 
 def test_lsf_wall_time_is_whole_minutes_rounded_up():
-    from launch.scripts import parse_walltime
-    from launch.scripts.schedulers import _lsf_time
+    from galapagos.launch.scripts import parse_walltime
+    from galapagos.launch.scripts.schedulers import _lsf_time
 
     assert _lsf_time(parse_walltime("00:59:30")) == "01:00" and _lsf_time(parse_walltime("90")) == "01:30"
     assert parse_walltime("2-00:00") == 172800 and parse_walltime("00:01:05") == 65

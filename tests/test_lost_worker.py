@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.protocol import EXIT_CRASH, EXIT_LOST
+from galapagos.launch.protocol import EXIT_CRASH, EXIT_LOST
 from tests.mpirun import describe_run, run_mpi
 
 pytestmark = pytest.mark.mpi

@@ -4,8 +4,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from datashare.format import DataError
-from datashare.write import import_npz
+from galapagos.datashare.format import DataError
+from galapagos.datashare.write import import_npz
 from tests.test_evolve_run import galapagos
 
 RNG = np.random.default_rng(0)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from evolve.train import Rows, normalization_stats
+from galapagos.evolve.train import Rows, normalization_stats
 
 
 @pytest.mark.parametrize("chunk_bytes", [1, 8 * 3 * 5 * 2 * 7, 16 << 20], ids=["one-row", "seven-rows", "whole"])

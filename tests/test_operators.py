@@ -9,13 +9,13 @@ import warnings
 import pytest
 import torch
 
-from evolve import operators
-from evolve.build import build_model
-from evolve.check import check_genome
-from evolve.genome import Gene, Genome
-from evolve.operators import MUTATIONS, crossover, make_toolbox, mutate, select
-from evolve.problem import Problem
-from evolve.space import SearchSpace
+from galapagos.evolve import operators
+from galapagos.evolve.build import build_model
+from galapagos.evolve.check import check_genome
+from galapagos.evolve.genome import Gene, Genome
+from galapagos.evolve.operators import MUTATIONS, crossover, make_toolbox, mutate, select
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.space import SearchSpace
 
 SPACE = SearchSpace(channels=(4, 8, 16), units=(8, 16, 32), max_layers=8, max_params=500_000)
 PROBLEMS = [

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.placement import Gpu, Topology, cpulist, node_placement, place, read_topology
+from galapagos.launch.placement import Gpu, Topology, cpulist, node_placement, place, read_topology
 from mpirun import describe_run, run_mpi
 
 FIXTURES = Path(__file__).parent / "fixtures" / "topology"
@@ -213,8 +213,8 @@ def test_hardware_threads_of_a_core_stay_together_on_a_cpu_node():
 def test_gpu_device_types_in_the_trainer_and_training():
     import torch
 
-    from evolve.train import _autocast_for
-    from launch.trainer import _usable_device
+    from galapagos.evolve.train import _autocast_for
+    from galapagos.launch.trainer import _usable_device
 
     assert _autocast_for(torch.device("xpu:1"), True)[0] in (torch.bfloat16, torch.float16)  # mixed precision
     assert _autocast_for(torch.device("cpu"), True)[0] is None
@@ -237,10 +237,10 @@ def test_launcher_bound_ranks_keep_their_cores(monkeypatch):
     bound = {0: [0, 1], 1: [2, 3, 10, 11], 2: [4, 5, 12, 13]}  # e.g. srun --cpu-bind: disjoint per worker
     siblings = Topology(siblings={c: frozenset({c % 8, c % 8 + 8}) for c in range(16)})
     for rank in (1, 2):
-        monkeypatch.setattr("launch.placement.allowed_cores", lambda r=rank: bound[r])
+        monkeypatch.setattr("galapagos.launch.placement.allowed_cores", lambda r=rank: bound[r])
         p = node_placement(FakeNode(bound, rank), rank, True, topology=siblings)
         assert (p.cores, p.local_index, p.local_workers, p.threads) == (tuple(bound[rank]), rank - 1, 2, 2)
-    monkeypatch.setattr("launch.placement.allowed_cores", lambda: list(range(16)))
+    monkeypatch.setattr("galapagos.launch.placement.allowed_cores", lambda: list(range(16)))
     shared = {r: list(range(16)) for r in range(3)}
     assert node_placement(FakeNode(shared, 0), 0, False, topology=siblings) is None  # the master takes none
     p = node_placement(FakeNode(shared, 2), 2, True, topology=siblings)
@@ -249,9 +249,9 @@ def test_launcher_bound_ranks_keep_their_cores(monkeypatch):
 
 REAL = """
 import json, os
-from launch.mpi import node_comm, world
-from launch.session import _placement
-from galapagos.inference import _device
+from galapagos.launch.mpi import node_comm, world
+from galapagos.launch.session import _placement
+from galapagos.flows.prediction import _device
 comm = world()
 own = sorted(os.sched_getaffinity(0))
 node = node_comm(comm)

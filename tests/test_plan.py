@@ -7,9 +7,9 @@ import h5py
 import numpy as np
 import pytest
 
-from datashare.format import load
-from datashare.plan import DataShareError, SplitArrays, array_name, array_parts, dataset_plan, split_arrays
-from datashare.write import write_dataset
+from galapagos.datashare.format import load
+from galapagos.datashare.plan import DataShareError, SplitArrays, array_name, array_parts, dataset_plan, split_arrays
+from galapagos.datashare.write import write_dataset
 
 
 def test_array_name_and_its_parts() -> None:

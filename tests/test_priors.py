@@ -3,12 +3,12 @@ from __future__ import annotations
 
 import pytest
 
-from evolve.check import check_genome, count_params
-from evolve.engine import Engine, EvolutionConfig
-from evolve.genome import SPATIAL_TYPES
-from evolve.priors import prior_genomes
-from evolve.problem import Problem
-from evolve.space import SearchSpace
+from galapagos.evolve.check import check_genome, count_params
+from galapagos.evolve.engine import Engine, EvolutionConfig
+from galapagos.evolve.genome import SPATIAL_TYPES
+from galapagos.evolve.priors import prior_genomes
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.space import SearchSpace
 from tests.test_engine import synthetic_fitness
 
 PROBLEMS = {

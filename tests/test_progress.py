@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 
-from galapagos.progress import ProgressBar, ProgressView, Snapshot, line
+from galapagos.reports.progress import ProgressBar, ProgressView, Snapshot, line
 from tests.mpirun import REPO
 from tests.test_evolve_run import SMALL, shapes_file  # noqa: F401 - fixture
 

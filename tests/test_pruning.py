@@ -1,4 +1,4 @@
-"""Median stopping in the evolution run's master side (galapagos.evolution.EvolutionSource.on_progress), driven
+"""Median stopping in the evolution run's master side (galapagos.flows.evolution.EvolutionSource.on_progress), driven
 through its public methods as the master loop drives it."""
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import time
 
 import pytest
 
-from evolve.engine import Engine
-from evolve.problem import Problem
+from galapagos.evolve.engine import Engine
+from galapagos.evolve.problem import Problem
 from galapagos.config import load_config
-from galapagos.evolution import EvolutionSource
-from galapagos.progress import ProgressView
-from galapagos.rundir import RunDir
-from launch.protocol import Progress, Result, Status, Task
+from galapagos.flows.evolution import EvolutionSource
+from galapagos.reports.progress import ProgressView
+from galapagos.store.rundir import RunDir
+from galapagos.launch.protocol import Progress, Result, Status, Task
 
 BASE = ["run.evaluations=20", "run.prune_min_results=3", "run.prune_after=2", "train.epochs=6"]
 

@@ -17,12 +17,12 @@ import h5py
 import numpy as np
 import pytest
 
-from datashare.format import inspect
-from datashare.write import write_dataset
-from galapagos import fingerprint, runlock
+from galapagos.datashare.format import inspect
+from galapagos.datashare.write import write_dataset
+from galapagos.store import fingerprint, runlock
 from galapagos.errors import RunDirError
-from galapagos.fingerprint import data_fingerprint, sample_ranges
-from galapagos.rundir import RunDir
+from galapagos.store.fingerprint import data_fingerprint, sample_ranges
+from galapagos.store.rundir import RunDir
 from tests.mpirun import REPO, describe_run, mpiexec, run_mpi
 from tests.test_evolve_run import SMALL, _rank0_pid, galapagos, journal
 
@@ -122,7 +122,7 @@ def test_a_held_lock_refuses_a_second_job_and_is_released(tmp_path, monkeypatch)
 
 def test_a_killed_holder_leaves_no_lock(tmp_path):
     run = RunDir.open(tmp_path / "run", resume=False)
-    code = ("import sys, time; from galapagos.rundir import RunDir; lock = RunDir(sys.argv[1]).lock(); "
+    code = ("import sys, time; from galapagos.store.rundir import RunDir; lock = RunDir(sys.argv[1]).lock(); "
             "print('locked', flush=True); time.sleep(60)")
     holder = subprocess.Popen([sys.executable, "-c", code, str(run.path)], cwd=REPO, stdout=subprocess.PIPE,
                               text=True)
@@ -171,7 +171,7 @@ SLOW = [*SMALL, "--set", "run.task='tests.mpi_scripts.integrity_tasks:slow'"]
 
 @pytest.fixture(scope="module")
 def shapes_file(tmp_path_factory) -> Path:
-    from examples import shapes
+    from galapagos.examples import shapes
 
     path = tmp_path_factory.mktemp("data") / "shapes.h5"
     shapes.generate(path, samples=300, size=12, seed=1)

@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from galapagos.rundir import RunDir, RunDirError
+from galapagos.store.rundir import RunDir, RunDirError
 
 
 def test_torn_last_line_is_dropped_and_cut(tmp_path):

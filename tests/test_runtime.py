@@ -6,11 +6,11 @@ from collections import deque
 
 import pytest
 
-import launch.runtime as runtime
-from launch.protocol import (EXIT_LOST, TAG, Cancel, Progress, RankFailed, Ready, Result, Status, Stop, Stopped,
+import galapagos.launch.runtime as runtime
+from galapagos.launch.protocol import (EXIT_LOST, TAG, Cancel, Progress, RankFailed, Ready, Result, Status, Stop, Stopped,
                              Task)
-from launch.runtime import MasterState, master_serve
-from launch.session import abort_if_lost
+from galapagos.launch.runtime import MasterState, master_serve
+from galapagos.launch.session import abort_if_lost
 
 
 # -- the fake MPI world ----------------------------------------------------------------------------------------------

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from ensemble.metrics import classification_metrics, regression_metrics
-from ensemble.selection import combine, score, select
+from galapagos.ensemble.metrics import classification_metrics, regression_metrics
+from galapagos.ensemble.selection import combine, score, select
 
 
 def _probs(rng, n, k, sharp=2.0):

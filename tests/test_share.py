@@ -13,8 +13,8 @@ import h5py
 import numpy as np
 import pytest
 
-from datashare.write import write_dataset
-from datashare.shm import remove_stale
+from galapagos.datashare.write import write_dataset
+from galapagos.datashare.shm import remove_stale
 from mpirun import assert_ranks, describe_run, run_mpi
 
 SCRIPT = Path(__file__).parent / "mpi_scripts" / "share_check.py"
@@ -41,7 +41,7 @@ def _dataset(path: Path, compression: str | None) -> str:
 
 @pytest.mark.parametrize("compression", [None, "gzip"], ids=["contiguous-read-raw", "compressed-read-by-hdf5"])
 def test_file_read_by_every_node_leader_matches_a_plain_load_with_carved_val(tmp_path, compression):
-    from datashare.plan import dataset_plan
+    from galapagos.datashare.plan import dataset_plan
 
     path = _dataset(tmp_path / "d.h5", compression)
     raw = [s.offset is not None for s in dataset_plan(path, ("train", "test"))[0].sources]
@@ -72,7 +72,7 @@ def test_a_rank_without_xxhash_refuses_the_pieces_it_cannot_verify():
 
 @pytest.mark.parametrize("kind", ["xxh3-64", "crc32"])
 def test_checksum_names_the_one_corrupted_block(kind):
-    from datashare.checksums import CRC_BLOCK, checksum
+    from galapagos.datashare.checksums import CRC_BLOCK, checksum
 
     buf = np.random.default_rng(3).integers(0, 256, 3 * CRC_BLOCK + 5, dtype=np.uint8)
     clean = checksum(buf, kind)
@@ -116,7 +116,7 @@ def test_a_killed_rank_leaves_no_shared_memory_behind(when):
 
 @pytest.mark.slow
 def test_array_over_4_gib_between_two_nodes(tmp_path):
-    from datashare.shm import free_bytes
+    from galapagos.datashare.shm import free_bytes
 
     path = tmp_path / "big.h5"
     rows, row = 4300, 1 << 20  # 4.2 GiB of uint8: past both 2**31 and 2**32 bytes, read by one reader

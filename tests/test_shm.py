@@ -12,8 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datashare.layout import ALIGN, layout, specs_of, views
-from datashare.shm import SharedArrays
+from galapagos.datashare.layout import ALIGN, layout, specs_of, views
+from galapagos.datashare.shm import SharedArrays
 from mpirun import REPO, describe_run
 
 # ---------------------------------------------------------------------------------------------- layout
@@ -112,7 +112,7 @@ def test_attach_from_separate_interpreter_leaves_segment_and_no_warnings() -> No
     with SharedArrays.create(SPECS, prefix="galapagos_test") as sa:
         want = _fill(sa, seed=3)
         code = textwrap.dedent(f"""
-            from datashare.shm import SharedArrays
+            from galapagos.datashare.shm import SharedArrays
             sa = SharedArrays.attach({sa.descriptor()!r})
             print("SUM", sa.arrays["y"].sum(), sa.arrays["x"].flags.writeable)
             sa.close()
@@ -157,7 +157,7 @@ def test_from_arrays_copies_into_shared_memory() -> None:
 def test_remove_stale_unlinks_segments_of_dead_processes_only(tmp_path):
     import subprocess
 
-    from datashare.shm import remove_stale
+    from galapagos.datashare.shm import remove_stale
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -168,7 +168,7 @@ def test_remove_stale_unlinks_segments_of_dead_processes_only(tmp_path):
 
 
 def test_too_little_shared_memory_is_refused_before_allocating_with_the_numbers() -> None:
-    from datashare.shm import SharedMemoryError, free_bytes, segment_stem
+    from galapagos.datashare.shm import SharedMemoryError, free_bytes, segment_stem
 
     huge = free_bytes() + (1 << 40)
     with pytest.raises(SharedMemoryError, match=r"/dev/shm has [\d.]+ GiB free, the dataset needs [\d.]+ GiB"):
@@ -184,7 +184,7 @@ def test_child_maps_segment_through_inherited_descriptor_after_the_name_is_gone(
         sa.unlink()
         assert not (Path("/dev/shm") / sa.name).exists()
         code = textwrap.dedent(f"""
-            from datashare.shm import SharedArrays
+            from galapagos.datashare.shm import SharedArrays
             sa = SharedArrays.attach({d!r})
             print("SUM", sa.arrays["y"].sum())
         """)

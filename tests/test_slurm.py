@@ -30,7 +30,7 @@ from pathlib import Path
 
 import pytest
 
-from examples import shapes
+from galapagos.examples import shapes
 from tests.mpirun import REPO
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
@@ -42,7 +42,7 @@ TINY = ["--set", "train.epochs=1", "--set", "space.max_layers=3", "--set", "spac
 
 def paced_train(payload, ctx):
     """Real training, then a wait up to PACE seconds: a job's progress then does not depend on the machine's speed."""
-    from evolve.train import train_task
+    from galapagos.evolve.train import train_task
 
     started = time.time()
     out = train_task(payload, ctx)

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.scripts import SCHEDULERS_ORDER, build_request, render
-from launch.scripts.stage import environment, pack_environment
+from galapagos.launch.scripts import SCHEDULERS_ORDER, build_request, render
+from galapagos.launch.scripts.stage import environment, pack_environment
 from tests.test_jobscript import TINY, command_array, data, launch, launch_line  # noqa: F401 - fixture
 
 PER_NODE = {"pbs": "mpiexec -n 2 --ppn 1", "alps": "aprun -n 2 -N 1", "lsf": "jsrun -n 2 -r 1 -a 1 -c 1",

@@ -10,15 +10,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from datashare.budget import memory_plan
-from datashare.format import inspect
-from datashare.plan import DataShareError, dataset_plan, split_arrays
-from datashare.stream import ChunkStream, chunk_order, partial_plan
-from datashare.write import write_dataset
-from evolve.batches import DataAccess, HostRows
-from evolve.problem import Problem
-from evolve.space import SearchSpace
-from evolve.train import TrainConfig, TrainTask, train_task
+from galapagos.datashare.budget import memory_plan
+from galapagos.datashare.format import inspect
+from galapagos.datashare.plan import DataShareError, dataset_plan, split_arrays
+from galapagos.datashare.stream import ChunkStream, chunk_order, partial_plan
+from galapagos.datashare.write import write_dataset
+from galapagos.evolve.batches import DataAccess, HostRows
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.space import SearchSpace
+from galapagos.evolve.train import TrainConfig, TrainTask, train_task
 from tests.mpirun import REPO, describe_run, run_mpi
 from tests.test_evolve_run import SMALL, galapagos, journal
 
@@ -56,7 +56,7 @@ def test_auto_picks_resident_when_it_fits(big_file):
 
 
 def test_the_plan_counts_dense_targets_per_pixel(tmp_path):
-    from examples import cosmoflow_field, shapes_seg
+    from galapagos.examples import cosmoflow_field, shapes_seg
 
     seg, field = tmp_path / "seg.h5", tmp_path / "field.h5"
     shapes_seg.generate(seg, samples=100, size=12, seed=0)  # train 70, val 15: 1x12x12 float32, int64 per pixel
@@ -94,8 +94,8 @@ def test_evolve_refuses_before_any_rank_starts(big_file, tmp_path):
 
 
 def test_an_unknown_mode_names_the_key():
-    from evolve.errors import ConfigError
-    from galapagos.datamode import DataConfig
+    from galapagos.evolve.errors import ConfigError
+    from galapagos.flows.datamode import DataConfig
     with pytest.raises(ConfigError, match=r"^data.mode: expected one of auto, resident, shard, stream, got 'huge'$"):
         DataConfig.from_dict({"mode": "huge"})
 

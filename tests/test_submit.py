@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from launch.scripts import JobScriptError
-from launch.scripts.submit import is_active, submit
+from galapagos.launch.scripts import JobScriptError
+from galapagos.launch.scripts.submit import is_active, submit
 from tests.test_jobscript import data, launch  # noqa: F401 - fixture
 
 # A fake scheduler command: records its arguments (and, for bsub, its standard input), then answers as told by

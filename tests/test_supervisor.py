@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import launch.supervisor as supervisor_mod
-from launch.protocol import Progress, Result, Status, Task
+import galapagos.launch.supervisor as supervisor_mod
+from galapagos.launch.protocol import Progress, Result, Status, Task
 
 OK, PRUNED, FAILED, NAN, CRASHED, TIMEOUT = (Status.OK, Status.PRUNED, Status.FAILED, Status.NAN, Status.CRASHED,
                                             Status.TIMEOUT)
-from launch.supervisor import Supervisor
+from galapagos.launch.supervisor import Supervisor
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -185,7 +185,7 @@ def package(tmp_path, monkeypatch):
 
 
 def test_a_package_without_bytecode_the_children_may_not_write_is_named_with_the_fix(package):
-    from launch.supervisor import uncompiled
+    from galapagos.launch.supervisor import uncompiled
 
     why = uncompiled("uncompiledpkg", {"PYTHONDONTWRITEBYTECODE": "1"})
     assert why is not None and "PYTHONDONTWRITEBYTECODE is set" in why
@@ -200,7 +200,7 @@ def test_a_package_without_bytecode_the_children_may_not_write_is_named_with_the
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes a read-only directory")
 def test_a_package_whose_bytecode_cannot_be_written_is_named(package):
-    from launch.supervisor import uncompiled
+    from galapagos.launch.supervisor import uncompiled
 
     package.parent.chmod(0o555)
     try:
@@ -212,7 +212,7 @@ def test_a_package_whose_bytecode_cannot_be_written_is_named(package):
 
 def test_the_bytecode_check_reads_the_environment_the_children_get(package, tmp_path):
     """In a fresh process whose PYTHONDONTWRITEBYTECODE and PYTHONPYCACHEPREFIX are the job's, as on rank 0."""
-    code = "from launch.supervisor import uncompiled; print(uncompiled('uncompiledpkg'))"
+    code = "from galapagos.launch.supervisor import uncompiled; print(uncompiled('uncompiledpkg'))"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(package.parent.parent), str(REPO)]),
            "PYTHONDONTWRITEBYTECODE": "1", "PYTHONPYCACHEPREFIX": str(tmp_path / "pyc")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout

@@ -8,7 +8,7 @@ import pytest
 
 from galapagos.config import load_config
 from galapagos.errors import UsageError
-from galapagos.tracking import check_tracking
+from galapagos.reports.tracking import check_tracking
 from tests.test_evolve_run import SMALL, galapagos, shapes_file  # noqa: F401 - fixture
 
 pytestmark = pytest.mark.mpi

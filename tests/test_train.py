@@ -3,13 +3,13 @@ import numpy as np
 import pytest
 import torch
 
-from evolve.build import build_model
-from evolve.errors import ConfigError
-from evolve.genome import Genome
-from evolve.problem import Problem
-from evolve.train import NonFiniteLoss, TrainConfig, memory_format, train_candidate
-from launch.protocol import Status
-from launch.trainer import status_of
+from galapagos.evolve.build import build_model
+from galapagos.evolve.errors import ConfigError
+from galapagos.evolve.genome import Genome
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.train import NonFiniteLoss, TrainConfig, memory_format, train_candidate
+from galapagos.launch.protocol import Status
+from galapagos.launch.trainer import status_of
 
 
 def genome(layers, **kw):

@@ -1,4 +1,4 @@
-"""The trainer child (python -m launch.trainer FD) and its pipe protocol, with a real child process."""
+"""The trainer child (python -m galapagos.launch.trainer FD) and its pipe protocol, with a real child process."""
 from __future__ import annotations
 
 import math
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from launch.protocol import (Cancel, Outcome, Progress, Status, Stop, Task, TrainerFailed, TrainerReady,
+from galapagos.launch.protocol import (Cancel, Outcome, Progress, Status, Stop, Task, TrainerFailed, TrainerReady,
                              TrainerSetup)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -24,7 +24,7 @@ class Child:
         self.conn, child = Pipe()
         self.log = log
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen([sys.executable, "-m", "launch.trainer", str(child.fileno())],
+            self.proc = subprocess.Popen([sys.executable, "-m", "galapagos.launch.trainer", str(child.fileno())],
                                          pass_fds=[child.fileno()], cwd=REPO, stdout=out, stderr=out)
         child.close()
 

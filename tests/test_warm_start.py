@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from evolve.engine import Engine, EvolutionConfig
-from evolve.genome import Gene
+from galapagos.evolve.engine import Engine, EvolutionConfig
+from galapagos.evolve.genome import Gene
 from tests.test_engine import IMAGE, SPACE, record
 from tests.test_evolve_run import SMALL, galapagos, shapes_file  # noqa: F401 - fixture
 

@@ -7,9 +7,9 @@ import shlex
 import textwrap
 from pathlib import Path
 
-from launch.scripts.request import JobRequest, JobScriptError
-from launch.scripts.schedulers import SCHEDULERS
-from launch.scripts.stage import environment, stage_cleanup, stage_dir, stage_lines, staged_python
+from galapagos.launch.scripts.request import JobRequest, JobScriptError
+from galapagos.launch.scripts.schedulers import SCHEDULERS
+from galapagos.launch.scripts.stage import environment, stage_cleanup, stage_dir, stage_lines, staged_python
 
 STOP_TEXT = ("Clean stop ahead of the wall time: {how}. The trap notes the request; once every rank catches the "
              "signal (the master touches $GALAPAGOS_READY_FILE after all ranks started: a rank still starting would "

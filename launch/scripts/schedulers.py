@@ -14,8 +14,8 @@ import shlex
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from launch.mpi import mpiexec
-from launch.scripts.request import SCHEDULERS_ORDER, JobRequest, JobScriptError, Layout, hms
+from galapagos.launch.mpi import mpiexec
+from galapagos.launch.scripts.request import SCHEDULERS_ORDER, JobRequest, JobScriptError, Layout, hms
 
 SRUN_DOC = "https://slurm.schedmd.com/srun.html"
 SBATCH_DOC = "https://slurm.schedmd.com/sbatch.html"

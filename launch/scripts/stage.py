@@ -15,7 +15,7 @@ import sys
 import tarfile
 from pathlib import Path
 
-from launch.scripts.request import JobScriptError
+from galapagos.launch.scripts.request import JobScriptError
 
 # The job's id in its script, which names the staging directory so that two jobs on a node never share one.
 JOB_ID = {"slurm": "$SLURM_JOB_ID", "pbs": "$PBS_JOBID", "alps": "$PBS_JOBID", "lsf": "$LSB_JOBID",

@@ -6,8 +6,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from launch.scripts.request import JobScriptError
-from launch.scripts.schedulers import SCHEDULERS
+from galapagos.launch.scripts.request import JobScriptError
+from galapagos.launch.scripts.schedulers import SCHEDULERS
 
 SUBMIT_TIMEOUT = 120.0
 

@@ -4,7 +4,7 @@ import json
 import sys
 
 import galapagos
-from launch.mpi import world
+from galapagos.launch.mpi import world
 
 data, out = sys.argv[1:3]
 result = galapagos.evolve(data, out, evaluations=4, set=("train.epochs=1", "space.max_layers=3",

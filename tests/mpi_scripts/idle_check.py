@@ -1,10 +1,10 @@
 """Ranks waiting on others must not spin: CPU seconds of the master and the worker ranks while tasks sleep."""
 import time
 
-from launch.protocol import Setup
-from launch.session import master_run, worker_main
-from launch.protocol import Task
-from launch.mpi import world
+from galapagos.launch.protocol import Setup
+from galapagos.launch.session import master_run, worker_main
+from galapagos.launch.protocol import Task
+from galapagos.launch.mpi import world
 
 
 class Sleepers:

@@ -10,9 +10,9 @@ import sys
 import threading
 import time
 
-import launch.session as session
-from launch.mpi import world
-from launch.protocol import Setup, Task
+import galapagos.launch.session as session
+from galapagos.launch.mpi import world
+from galapagos.launch.protocol import Setup, Task
 
 LIMIT, GRACE = 2.0, 8.0  # the grace covers the trainer child's start (torch's import) before the first task
 

@@ -1,14 +1,14 @@
-"""An evolution in which every candidate is rejected (space.max_params=10), run as galapagos.mpijob.run_rank runs
+"""An evolution in which every candidate is rejected (space.max_params=10), run as galapagos.flows.mpijob.run_rank runs
 one but calling evolution.master itself: rank 0 gets NoResult, the workers end as after any run."""
 import json
 import sys
 
-from galapagos import evolution
-from galapagos.mpijob import setup_logging
+from galapagos.flows import evolution
+from galapagos.flows.mpijob import setup_logging
 from galapagos.options import EvolveOptions
-from launch.mpi import world
-from launch.runtime import catch_stop_signals
-from launch.session import worker_main
+from galapagos.launch.mpi import world
+from galapagos.launch.runtime import catch_stop_signals
+from galapagos.launch.session import worker_main
 
 data, out = sys.argv[1:3]
 catch_stop_signals()

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from datashare.plan import Plan
-from datashare.share import share
-from datashare.stream import NODE
-from launch.mpi import node_comm, world
+from galapagos.datashare.plan import Plan
+from galapagos.datashare.share import share
+from galapagos.datashare.stream import NODE
+from galapagos.launch.mpi import node_comm, world
 
 comm = world()
 node = node_comm(comm)

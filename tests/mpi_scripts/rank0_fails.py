@@ -1,7 +1,7 @@
 """Rank 0 fails unexpectedly while the workers wait for their setup: the job must end, not hang."""
 from types import SimpleNamespace
 
-from galapagos.mpijob import Flow, FlowRef, run_rank
+from galapagos.flows.mpijob import Flow, FlowRef, run_rank
 
 
 def master(comm, opts):

@@ -14,10 +14,10 @@ import zlib
 
 import numpy as np
 
-from datashare import checksums, share as ds
-from datashare.plan import Plan, Source, array_name, dataset_plan, split_arrays
-from datashare.share import DataShareError, open_shared, share
-from launch.mpi import node_comm, world
+from galapagos.datashare import checksums, share as ds
+from galapagos.datashare.plan import Plan, Source, array_name, dataset_plan, split_arrays
+from galapagos.datashare.share import DataShareError, open_shared, share
+from galapagos.launch.mpi import node_comm, world
 
 DTYPES = ("float32", "float16", "float64", "uint8", "int8", "int32", "int64", "bool", "complex64")
 
@@ -61,7 +61,7 @@ def case_file(comm, node, path: str) -> None:
     want = None if comm.rank else {}
     with share(comm, node, plan if comm.rank == 0 else None, memory=memory, want=want) as got:
         if comm.rank:
-            from datashare.format import load
+            from galapagos.datashare.format import load
 
             _, ref = load(path, ("train", "test"))
             for split, (x, y) in ref.items():

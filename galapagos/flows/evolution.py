@@ -13,33 +13,33 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from datashare.format import DatasetInfo, inspect
-from datashare.share import DataShareError
-from evolve.ahead import Ahead
-from evolve.check import count_params
-from evolve.engine import Engine
-from evolve.errors import SearchExhausted
-from evolve.genome import Genome
-from evolve.netdir import NetworkDir
-from evolve.pareto import OBJECTIVES, Front, objective_values
-from evolve.problem import Problem
-from evolve.settings import load_function
-from evolve.task import TrainTask
+from galapagos.datashare.format import DatasetInfo, inspect
+from galapagos.datashare.share import DataShareError
+from galapagos.evolve.ahead import Ahead
+from galapagos.evolve.check import count_params
+from galapagos.evolve.engine import Engine
+from galapagos.evolve.errors import SearchExhausted
+from galapagos.evolve.genome import Genome
+from galapagos.evolve.netdir import NetworkDir
+from galapagos.evolve.pareto import OBJECTIVES, Front, objective_values
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.settings import load_function
+from galapagos.evolve.task import TrainTask
 from galapagos.config import Config, evolve_config, load_config
-from galapagos.datamode import data_memory, data_setup
+from galapagos.flows.datamode import data_memory, data_setup
 from galapagos.errors import NoResult, RunDirError, UsageError
-from galapagos.fingerprint import data_fingerprint
-from galapagos.mpijob import Flow, default_workers, end_when_done, setup_logging, starting
+from galapagos.store.fingerprint import data_fingerprint
+from galapagos.flows.mpijob import Flow, default_workers, end_when_done, setup_logging, starting
 from galapagos.options import TRAIN_TASK, EvolveOptions
-from galapagos.progress import ProgressView, Snapshot
-from galapagos.reports import summarize
-from galapagos.rundir import RunDir
-from galapagos.sources import JournalSource
-from galapagos.tracking import Tracker, check_tracking
-from galapagos.warmstart import seed_genomes
-from launch.protocol import Result, Setup, Status, Task
-from launch.runtime import master_serve, stop_signal
-from launch.session import master_start
+from galapagos.reports.progress import ProgressView, Snapshot
+from galapagos.reports.summary import summarize
+from galapagos.store.rundir import RunDir
+from galapagos.flows.sources import JournalSource
+from galapagos.reports.tracking import Tracker, check_tracking
+from galapagos.flows.warmstart import seed_genomes
+from galapagos.launch.protocol import Result, Setup, Status, Task
+from galapagos.launch.runtime import master_serve, stop_signal
+from galapagos.launch.session import master_start
 
 log = logging.getLogger(__name__)
 

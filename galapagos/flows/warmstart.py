@@ -4,10 +4,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from evolve.errors import InvalidGenome
-from evolve.genome import Genome
+from galapagos.evolve.errors import InvalidGenome
+from galapagos.evolve.genome import Genome
 from galapagos.errors import UsageError
-from galapagos.rundir import RunDir
+from galapagos.store.rundir import RunDir
 
 
 def seed_genomes(source: str, limit: int) -> list[Genome]:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from evolve.genome import Genome
+from galapagos.evolve.genome import Genome
 from galapagos.errors import RunDirError
-from galapagos.rundir import RunDir
+from galapagos.store.rundir import RunDir
 
 FIRST = ("id", "name", "status", "fitness", "params", "seconds", "epochs", "origin", "parents", "rank", "host")
 SKIP = ("curve", "genome", "metrics", "error", "describe")

@@ -8,8 +8,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Iterable
 
-from evolve.genome import Genome
-from launch.protocol import Status
+from galapagos.evolve.genome import Genome
+from galapagos.launch.protocol import Status
 
 
 def summarize(records: Iterable[dict], *, population_size: int, workers: int | None = None,
@@ -134,10 +134,10 @@ def run_report(path: str | Path, top: int = 5) -> dict:
     """What a directory amounts to, with its `kind`: an evolution run ("run": its summary, summary.json's timing
     figures included, and its `top` evaluations), a design ("design": the run's, and its ensemble's metrics under
     "ensemble"), or an ensemble directory ("ensemble": its metrics)."""
-    from ensemble.store import is_ensemble
+    from galapagos.store.ensembledir import is_ensemble
     from galapagos.config import load_config
     from galapagos.errors import RunDirError
-    from galapagos.rundir import RunDir
+    from galapagos.store.rundir import RunDir
 
     path = Path(path)
     if is_ensemble(path):

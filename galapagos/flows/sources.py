@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 from collections import Counter
 
-from evolve.genome import Genome
-from galapagos.progress import ProgressView, Snapshot
-from galapagos.rundir import FLUSH_EVERY, RunDir, journal_record
-from launch.protocol import Progress, Result, Status
-from launch.runtime import MasterState
+from galapagos.evolve.genome import Genome
+from galapagos.reports.progress import ProgressView, Snapshot
+from galapagos.store.rundir import FLUSH_EVERY, RunDir, journal_record
+from galapagos.launch.protocol import Progress, Result, Status
+from galapagos.launch.runtime import MasterState
 
 
 class JournalSource:

@@ -5,15 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from evolve.files import write_json
-from galapagos import ensembling, evolution
+from galapagos.evolve.files import write_json
+from galapagos.flows import ensembling, evolution
 from galapagos.errors import NoResult
-from galapagos.mpijob import Flow, starting
+from galapagos.flows.mpijob import Flow, starting
 from galapagos.options import EvolveOptions
-from galapagos.reports import design_report
-from launch.protocol import SetupFailed
-from launch.runtime import stop_signal
-from launch.session import master_start
+from galapagos.reports.summary import design_report
+from galapagos.launch.protocol import SetupFailed
+from galapagos.launch.runtime import stop_signal
+from galapagos.launch.session import master_start
 
 
 def master(comm: Any, opts: EvolveOptions) -> dict:

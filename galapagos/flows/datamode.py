@@ -8,12 +8,12 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from datashare.budget import MODES, MemoryPlan, chunk_rows, memory_plan
-from datashare.format import DatasetInfo
-from datashare.plan import DataShareError, dataset_plan
-from datashare.stream import partial_plan, worker_want
-from evolve.task import DEVICE_MODES, DataAccess
-from evolve.settings import Check, Table
+from galapagos.datashare.budget import MODES, MemoryPlan, chunk_rows, memory_plan
+from galapagos.datashare.format import DatasetInfo
+from galapagos.datashare.plan import DataShareError, dataset_plan
+from galapagos.datashare.stream import partial_plan, worker_want
+from galapagos.evolve.task import DEVICE_MODES, DataAccess
+from galapagos.evolve.settings import Check, Table
 from galapagos.errors import UsageError
 
 log = logging.getLogger(__name__)

@@ -15,7 +15,7 @@ import importlib.util
 import logging
 from pathlib import Path
 
-from evolve.genome import Genome
+from galapagos.evolve.genome import Genome
 from galapagos.errors import UsageError
 
 log = logging.getLogger(__name__)

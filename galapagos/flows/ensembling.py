@@ -18,28 +18,28 @@ from typing import Any
 
 import numpy as np
 
-from datashare.format import DataError, inspect, load
-from datashare.plan import dataset_plan
-from ensemble.members import MemberSpec, choose_members
-from ensemble.selection import Selection, combine, pixel_samples, select
-from ensemble.store import EnsembleError, Manifest, Member, member_dir, save_manifest
-from evolve.check import count_params
-from evolve.files import write_json
-from evolve.genome import Genome
-from evolve.netdir import ModelError, NetworkDir
-from evolve.pareto import parse_pick
-from evolve.problem import Problem
-from evolve.task import TrainTask
+from galapagos.datashare.format import DataError, inspect, load
+from galapagos.datashare.plan import dataset_plan
+from galapagos.ensemble.members import MemberSpec, choose_members
+from galapagos.ensemble.selection import Selection, combine, pixel_samples, select
+from galapagos.store.ensembledir import EnsembleError, Manifest, Member, member_dir, save_manifest
+from galapagos.evolve.check import count_params
+from galapagos.evolve.files import write_json
+from galapagos.evolve.genome import Genome
+from galapagos.evolve.netdir import ModelError, NetworkDir
+from galapagos.evolve.pareto import parse_pick
+from galapagos.evolve.problem import Problem
+from galapagos.evolve.task import TrainTask
 from galapagos.config import Config, ensemble_overrides, load_config
-from galapagos.mpijob import Flow, end_when_done, setup_logging, starting
+from galapagos.flows.mpijob import Flow, end_when_done, setup_logging, starting
 from galapagos.options import EnsembleOptions
-from galapagos.progress import ProgressView, Snapshot
-from galapagos.sources import JournalSource
+from galapagos.reports.progress import ProgressView, Snapshot
+from galapagos.flows.sources import JournalSource
 from galapagos.errors import RunDirError, UsageError
-from galapagos.rundir import RunDir
-from launch.protocol import Result, Setup, Status, Task
-from launch.runtime import master_serve, stop_signal
-from launch.session import master_start
+from galapagos.store.rundir import RunDir
+from galapagos.launch.protocol import Result, Setup, Status, Task
+from galapagos.launch.runtime import master_serve, stop_signal
+from galapagos.launch.session import master_start
 
 log = logging.getLogger(__name__)
 
@@ -221,7 +221,7 @@ def latest(records: list[dict]) -> dict[str, dict]:
 
 def finish(job: EnsembleJob, records: list[dict], device: str = "cpu") -> dict:
     """Selection on val, the manifest, and metrics of the ensemble and of each member on val and test."""
-    from galapagos.inference import load_network, predict_outputs, score
+    from galapagos.flows.prediction import load_network, predict_outputs, score
 
     by_name = latest(records)
     ok = [s for s in job.specs if s.name in by_name and by_name[s.name]["status"] == Status.OK

@@ -16,13 +16,13 @@ import time
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from datashare.format import DatasetInfo
-from evolve.files import write_json
-from evolve.netdir import NetworkDir
+from galapagos.datashare.format import DatasetInfo
+from galapagos.evolve.files import write_json
+from galapagos.evolve.netdir import NetworkDir
 from galapagos.errors import RunDirError
-from galapagos.fingerprint import STRUCTURE, data_fingerprint, describe_data
-from galapagos.runlock import RunLock
-from launch.protocol import Result, Status
+from galapagos.store.fingerprint import STRUCTURE, data_fingerprint, describe_data
+from galapagos.store.runlock import RunLock
+from galapagos.launch.protocol import Result, Status
 
 # Seconds between fsyncs of the journal. An fsync per evaluation costs milliseconds on a parallel file system; at
 # whole-machine rates (Summit: 460 tasks/s) it alone would fill the master's time (bench/master_cost.py).

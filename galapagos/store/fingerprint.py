@@ -9,7 +9,7 @@ from pathlib import Path
 import h5py
 import numpy as np
 
-from datashare.format import DatasetInfo
+from galapagos.datashare.format import DatasetInfo
 
 EDGE_BYTES = 1 << 20  # the data's content hash reads the first and the last MiB of the file,
 BLOCKS, BLOCK_BYTES = 16, 64 << 10  # and 16 evenly spaced blocks of 64 KiB between them (cheap on a multi-TB file)

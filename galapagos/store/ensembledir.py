@@ -17,9 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from evolve.files import write_json
-from evolve.netdir import NetworkDir
-from evolve.problem import Problem
+from galapagos.evolve.files import write_json
+from galapagos.evolve.netdir import NetworkDir
+from galapagos.evolve.problem import Problem
 
 FORMAT = 1
 MANIFEST = "ensemble.json"

@@ -2,7 +2,7 @@
 
 Under a launcher (mpiexec, srun, jsrun, aprun, flux run) the ranks are there: rank 0 runs the flow's master and
 every other rank serves as a worker. Started as one process (a laptop, a notebook, the CLI without mpiexec), the
-job checks its inputs here, then starts itself under `mpiexec -n W+1` as ``python -m galapagos.ranks``; rank 0 of
+job checks its inputs here, then starts itself under `mpiexec -n W+1` as ``python -m galapagos.flows.ranks``; rank 0 of
 that job writes its result (or its one-line error) to a file that this process reads back.
 """
 from __future__ import annotations
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from galapagos.errors import EXIT_USAGE, NoResult, UsageError
-from launch.protocol import EXIT_CRASH, EXIT_LOST
+from galapagos.launch.protocol import EXIT_CRASH, EXIT_LOST
 
 log = logging.getLogger("galapagos")
 
@@ -95,14 +95,14 @@ def setup_logging(rank: int = 0, logfile: Path | None = None) -> None:
 
 def default_workers() -> int:
     """One worker per GPU, else one per physical core (a share of a node for each)."""
-    from launch.placement import allowed_cores, core_count, gpu_count
+    from galapagos.launch.placement import allowed_cores, core_count, gpu_count
 
     return gpu_count() or core_count(allowed_cores())
 
 
 def run(ref: FlowRef, opts: Any) -> dict | None:
     """The flow's result on rank 0 (or in the process that started the job); None on the other ranks."""
-    from launch.mpi import under_launcher
+    from galapagos.launch.mpi import under_launcher
 
     if not under_launcher():
         flow = ref.load()
@@ -114,10 +114,10 @@ def run(ref: FlowRef, opts: Any) -> dict | None:
 
 def run_rank(ref: FlowRef, opts: Any) -> dict | None:
     """This rank's part of a job started by a launcher."""
-    from launch.mpi import world
-    from launch.runtime import announce_ready, catch_stop_signals
-    from launch.session import worker_main
-    from launch.supervisor import uncompiled
+    from galapagos.launch.mpi import world
+    from galapagos.launch.runtime import announce_ready, catch_stop_signals
+    from galapagos.launch.session import worker_main
+    from galapagos.launch.supervisor import uncompiled
 
     catch_stop_signals()
     comm = world()
@@ -151,7 +151,7 @@ def run_rank(ref: FlowRef, opts: Any) -> dict | None:
 def check_wired(comm: Any) -> None:
     """Stop when the launcher started several tasks but each is an MPI world of its own (no common PMI): the
     launcher's task 0 says why in one line, the others leave quietly with the same exit code."""
-    from launch.mpi import launcher_rank, unwired
+    from galapagos.launch.mpi import launcher_rank, unwired
 
     if why := unwired(comm.size):
         raise UsageError(why) if launcher_rank() == 0 else WorkerExit(EXIT_USAGE)
@@ -163,8 +163,8 @@ def start_ranks(name: str, opts: Any, workers: int, salvage: Callable[[Any, int]
 
     A job that dies without a result (MPICH ends every rank when one is killed) raises JobFailed, carrying what
     `salvage` makes of the run's files; MPICH's segments that its killed ranks left in /dev/shm are removed."""
-    from launch.mpi import mpiexec, remove_leftover_segments, shm_segments
-    from launch.placement import allowed_cores
+    from galapagos.launch.mpi import mpiexec, remove_leftover_segments, shm_segments
+    from galapagos.launch.placement import allowed_cores
 
     if workers < 1:
         raise UsageError(f"--workers {workers}: need at least one worker")
@@ -177,7 +177,7 @@ def start_ranks(name: str, opts: Any, workers: int, salvage: Callable[[Any, int]
         raise UsageError(str(exc)) from None
     with tempfile.TemporaryDirectory(prefix="galapagos-") as tmp:
         result = Path(tmp) / "result.json"
-        cmd = [launcher, "-n", str(workers + 1), sys.executable, "-m", "galapagos.ranks", name,
+        cmd = [launcher, "-n", str(workers + 1), sys.executable, "-m", "galapagos.flows.ranks", name,
                json.dumps(opts.to_dict()), str(result)]
         log.info("starting %d rank(s): %s", workers + 1, " ".join(cmd[:6]) + " ...")
         segments = shm_segments()
@@ -210,8 +210,8 @@ def _run_job(cmd: list[str], ready: Path) -> tuple[int, str | None]:
     master touches `ready` then; a rank still starting would die of it); a second signal ends the job at once. If
     this process dies, mpiexec gets SIGTERM (PR_SET_PDEATHSIG) and ends the ranks: no job trains on unattended.
     """
-    from galapagos.progress import PROGRESS_FILE, ProgressBar
-    from launch.trainer import die_with_parent
+    from galapagos.reports.progress import PROGRESS_FILE, ProgressBar
+    from galapagos.launch.trainer import die_with_parent
 
     got: list[int] = []
     try:
@@ -260,13 +260,13 @@ def _run_job(cmd: list[str], ready: Path) -> tuple[int, str | None]:
 
 def user_errors() -> tuple[type[Exception], ...]:
     """The errors that mean bad input: one line and exit code 2 for the user, never a traceback."""
-    from datashare.format import DataError
-    from datashare.share import DataShareError
-    from ensemble.store import EnsembleError
-    from evolve.errors import ConfigError
-    from evolve.netdir import ModelError
+    from galapagos.datashare.format import DataError
+    from galapagos.datashare.share import DataShareError
+    from galapagos.store.ensembledir import EnsembleError
+    from galapagos.evolve.errors import ConfigError
+    from galapagos.evolve.netdir import ModelError
     from galapagos.errors import RunDirError
-    from launch.scripts import JobScriptError
+    from galapagos.launch.scripts import JobScriptError
 
     return (UsageError, ConfigError, DataError, DataShareError, RunDirError, EnsembleError, ModelError,
             JobScriptError)
@@ -276,8 +276,8 @@ def user_errors() -> tuple[type[Exception], ...]:
 def starting(comm: Any):
     """Rank 0 before it sets the workers up: on bad input (or a file it cannot write) the waiting workers are told
     to leave, then the error is raised as a UsageError."""
-    from launch.protocol import SetupFailed
-    from launch.session import master_start
+    from galapagos.launch.protocol import SetupFailed
+    from galapagos.launch.session import master_start
 
     try:
         yield
@@ -289,7 +289,7 @@ def starting(comm: Any):
 def end_when_done(comm: Any, state: Any) -> None:
     """Worker ranks stopped answering (state.lost): once this process has written and printed everything, the job
     is aborted with EXIT_LOST (launch.session.abort_if_lost), since a stopped rank would never let it end."""
-    from launch.session import abort_if_lost
+    from galapagos.launch.session import abort_if_lost
 
     if state.lost:
         atexit.register(abort_if_lost, comm, state)  # runs before mpi4py's own MPI_Finalize (registered earlier)
@@ -308,6 +308,6 @@ def abort(comm: Any, name: str, exc: BaseException, out: str | None) -> None:
             pass
     print(f"galapagos {name}: error on rank 0: {type(exc).__name__}: {exc}{where}; ending the job", file=sys.stderr,
           flush=True)
-    from launch.session import flush_then_abort
+    from galapagos.launch.session import flush_then_abort
 
     flush_then_abort(comm, EXIT_CRASH)

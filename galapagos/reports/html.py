@@ -18,11 +18,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ensemble.store import is_ensemble, load_manifest
+from galapagos.store.ensembledir import is_ensemble, load_manifest
 from galapagos.errors import RunDirError
-from evolve.pareto import Front, objective_values
-from galapagos.reports import format_metrics, format_pareto, format_summary, run_report
-from galapagos.rundir import RunDir
+from galapagos.evolve.pareto import Front, objective_values
+from galapagos.reports.summary import format_metrics, format_pareto, format_summary, run_report
+from galapagos.store.rundir import RunDir
 
 COLORS = {"ok": "#2a9d8f", "pruned": "#e9c46a", "failed": "#e76f51", "timeout": "#9b5de5", "crashed": "#d62828",
           "lost": "#6c757d"}
@@ -230,7 +230,7 @@ def ensemble_plots(page: Page, root: Path, metrics: dict) -> None:
     if not data or not Path(data).exists():
         page.text(f"Calibration and uncertainty need the ensemble's data file ({data or 'unknown'}), not found here.")
         return
-    from galapagos.inference import predict_ensemble
+    from galapagos.flows.prediction import predict_ensemble
 
     import h5py
 

@@ -12,17 +12,17 @@ import h5py
 import numpy as np
 import torch
 
-from datashare.format import CLASS_TASKS, DataError, DatasetInfo, load
-from ensemble.average import Averaged, assigned, average, first_error, member_output
-from ensemble.metrics import classification_metrics, field_metrics, regression_metrics, segmentation_metrics
-from ensemble.store import EnsembleError, Manifest, is_ensemble, load_manifest, member_dir
-from evolve.genome import Genome
-from evolve.netdir import ModelError, NetworkDir
-from evolve.pareto import best_pick
-from evolve.problem import Problem
+from galapagos.datashare.format import CLASS_TASKS, DataError, DatasetInfo, load
+from galapagos.ensemble.average import Averaged, assigned, average, first_error, member_output
+from galapagos.ensemble.metrics import classification_metrics, field_metrics, regression_metrics, segmentation_metrics
+from galapagos.store.ensembledir import EnsembleError, Manifest, is_ensemble, load_manifest, member_dir
+from galapagos.evolve.genome import Genome
+from galapagos.evolve.netdir import ModelError, NetworkDir
+from galapagos.evolve.pareto import best_pick
+from galapagos.evolve.problem import Problem
 from galapagos.errors import UsageError
 from galapagos.options import PredictOptions
-from galapagos.rundir import RunDir
+from galapagos.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -104,12 +104,12 @@ def _device(comm: Any, members: int) -> str:
     both). Idle ranks (no member) get no share. A GPU that this torch build cannot drive (a CPU-only build on a GPU
     node) leaves the rank on the CPU.
     """
-    from launch.placement import node_placement, place
+    from galapagos.launch.placement import node_placement, place
 
     if comm is None or comm.Get_size() == 1:
         device = place(0, 1).device
     else:
-        from launch.mpi import node_comm
+        from galapagos.launch.mpi import node_comm
 
         node = node_comm(comm)
         try:
@@ -254,8 +254,8 @@ def used_members(path: str | Path) -> int | None:
 def run(opts: PredictOptions) -> dict | None:
     """`predict`: one network in this process; an ensemble averaged over the MPI ranks of this job, or over ranks
     started here under mpiexec. The scores on rank 0 (or here); None on the other ranks."""
-    from galapagos.mpijob import check_wired, default_workers, start_ranks
-    from launch.mpi import under_launcher, world
+    from galapagos.flows.mpijob import check_wired, default_workers, start_ranks
+    from galapagos.launch.mpi import under_launcher, world
 
     comm = world() if under_launcher() else None
     if comm is not None:

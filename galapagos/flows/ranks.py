@@ -1,6 +1,6 @@
-"""What the ranks of a self-started job run: `python -m galapagos.ranks NAME OPTIONS_JSON RESULT_FILE`.
+"""What the ranks of a self-started job run: `python -m galapagos.flows.ranks NAME OPTIONS_JSON RESULT_FILE`.
 
-galapagos.mpijob.start_ranks starts it under mpiexec; rank 0 writes {"result": ...} or {"error": "one line"} to
+galapagos.flows.mpijob.start_ranks starts it under mpiexec; rank 0 writes {"result": ...} or {"error": "one line"} to
 RESULT_FILE for the process that started the job.
 """
 from __future__ import annotations
@@ -14,8 +14,8 @@ from galapagos.errors import EXIT_USAGE, NoResult
 
 def main(argv: list[str]) -> int:
     from galapagos import api
-    from galapagos.mpijob import WorkerExit, setup_logging, user_errors
-    from launch.mpi import world
+    from galapagos.flows.mpijob import WorkerExit, setup_logging, user_errors
+    from galapagos.launch.mpi import world
 
     name, options, result_file = argv
     setup_logging(0)
