@@ -26,7 +26,9 @@ from galapagos.evolve.check import count_params
 from galapagos.evolve.engine import Engine
 from galapagos.evolve.problem import Problem
 from galapagos.config import load_config
-from galapagos.flows.evolution import EvolutionSource, breeder
+from galapagos.flows.evolution import breeder
+from galapagos.flows.evolution_source import EvolutionSource
+from galapagos.store.journal import JournalRecord
 from galapagos.store.rundir import RunDir
 from galapagos.launch.protocol import Result, Status
 
@@ -41,9 +43,9 @@ def timed_source(tmp: str, problem: Problem, config, workers: int = 1) -> tuple[
     source = EvolutionSource(engine, config, run, problem)
     appends, original = [], run.append
 
-    def timed_append(record: dict, text: dict | None = None) -> None:
+    def timed_append(record: JournalRecord) -> None:
         t = time.perf_counter()
-        original(record, text)
+        original(record)
         appends.append(time.perf_counter() - t)
 
     run.append = timed_append

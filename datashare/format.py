@@ -57,11 +57,6 @@ class DatasetInfo:
     ignore_index: int | None = None
 
     @property
-    def output_size(self) -> int:
-        """Width of a network's output layer (channels per pixel for the dense tasks): classes, or targets."""
-        return self.num_targets
-
-    @property
     def is_dense(self) -> bool:
         """True for segmentation and field data: an output per pixel/voxel."""
         return self.task in DENSE_TASKS
@@ -77,20 +72,9 @@ class DatasetInfo:
         return self.task == "classification"
 
     @property
-    def is_tabular(self) -> bool:
-        """True for (N, F) inputs, which have features but no channels or spatial axes."""
-        return self.spatial_dims == 0
-
-    @property
     def in_channels(self) -> int:
         """Channels of an image-like sample; for tabular data, the number of features."""
         return self.sample_shape[0]
-
-    @property
-    def num_features(self) -> int:
-        """Values per sample (what a flattening first layer sees)."""
-        return math.prod(self.sample_shape)
-
 
 
 def _text_attr(value: object) -> str | None:

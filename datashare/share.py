@@ -38,6 +38,7 @@ from .checksums import CHECKSUM, CRC_BLOCK, checksum, pool as _crc_pool
 from .format import check_values
 from .layout import MAX_COUNT
 from .plan import DataShareError, Plan, Source, array_parts
+from .poll import Backoff
 from .stream import node_rows as _node_rows, request as _request, resolve as _resolve, union as _union
 from .shm import SharedArrays
 
@@ -137,6 +138,15 @@ class _Reader(threading.Thread):
             if self.fd >= 0:
                 os.close(self.fd)
 
+    def close(self) -> None:
+        """Stop reading, draining the queue so that a reader blocked on a full queue can see the stop."""
+        self.stop.set()
+        while self.is_alive():
+            try:
+                self.out.get(timeout=0.05)
+            except queue.Empty:
+                pass
+
     def _read(self, s: Source, p: Piece, raw: np.ndarray) -> None:
         a, b = p.rows
         dest = _typed(raw, s, p.rows)
@@ -191,9 +201,61 @@ def _chain(leaders: Any, raw: np.ndarray, root: int, block: int) -> None:
         req.Wait()
 
 
+def _where(plan: Plan, p: Piece, leader_ranks: list[int]) -> str:
+    s = plan.sources[p.source]
+    return f"piece {p.index} ({s.name} rows {p.rows[0]}:{p.rows[1]}, read by rank {leader_ranks[p.reader]})"
+
+
+def _move(leaders: Any, p: Piece, to: list[int], raw: np.ndarray, header: tuple | None, chunk: int, block: int,
+          chain: bool) -> tuple:
+    """Send piece ``p`` from its reader to the leaders ``to`` (whose nodes need it), or receive it there. Returns its
+    header (the reader's checksums and error; after an error no bytes travel)."""
+    me = leaders.Get_rank()
+    if len(to) == leaders.Get_size() - 1:  # every other node: a pipelined chain, or MPI's own broadcast
+        header = leaders.bcast(header if me == p.reader else None, root=p.reader)
+        if header[1] is None and chain:
+            _chain(leaders, raw, p.reader, block)
+        elif header[1] is None:
+            for part in _subchunks(raw, chunk):
+                leaders.Bcast(part, root=p.reader)
+    elif me == p.reader:
+        for dest in to:
+            leaders.send(header, dest=dest, tag=TAG)
+            if header[1] is None:
+                for part in _subchunks(raw, chunk):
+                    leaders.Send(part, dest=dest, tag=TAG)
+    else:
+        header = leaders.recv(source=p.reader, tag=TAG)
+        if header[1] is None:
+            for part in _subchunks(raw, chunk):
+                leaders.Recv(part, source=p.reader, tag=TAG)
+    return header
+
+
+def _verify(plan: Plan, checks: list[tuple], leader_ranks: list[int], me: int) -> list[str]:
+    """Compare the checksums of the pieces this leader received (computed on the verifier thread) with their
+    reader's; returns what did not match or could not be checked."""
+    errors: list[str] = []
+    host = socket.gethostname()
+    for p, kind, want, got, raw in checks:
+        where = _where(plan, p, leader_ranks)
+        try:
+            got = got.result()
+        except DataShareError as exc:
+            errors.append(f"{where} cannot be verified on rank {leader_ranks[me]} ({host}): {exc}")
+            continue
+        if tuple(got) != tuple(want):
+            bad = [i for i, (w, g) in enumerate(zip(want, got)) if w != g]
+            errors.append(f"{where} arrived corrupted on rank {leader_ranks[me]} ({host}): {kind} checksum "
+                          f"mismatch in {len(bad)} of {len(want)} block(s), the first covering bytes "
+                          f"{bad[0] * CRC_BLOCK}:{min(raw.nbytes, (bad[0] + 1) * CRC_BLOCK)} of the piece")
+    return errors
+
+
 def _transfer(plan: Plan, pieces: list[Piece], leaders: Any, segment: SharedArrays | None,
               need: Mapping[str, tuple[int, int]], memory, leader_ranks: list[int]) -> list[str]:
-    """Move every piece to the leaders that need it; returns this leader's errors."""
+    """Move every piece to the leaders that need it (each read by its reader, moved, then verified on arrival);
+    returns this leader's errors."""
     me, size = leaders.Get_rank(), leaders.Get_size()
     chunk = max(1, min(int(plan.chunk_bytes), MAX_COUNT))
     block = chunk if size == 2 else min(chunk, CHAIN_BLOCK)  # with one hop there is no fill to shorten
@@ -213,67 +275,30 @@ def _transfer(plan: Plan, pieces: list[Piece], leaders: Any, segment: SharedArra
     errors: list[str] = []
     checks: list[tuple[Piece, str, tuple[int, ...], Future, np.ndarray]] = []
     verifier = ThreadPoolExecutor(max_workers=1, thread_name_prefix="verify")
-    host = socket.gethostname()
     try:
         for p in pieces:
-            s = plan.sources[p.source]
-            where = f"piece {p.index} ({s.name} rows {p.rows[0]}:{p.rows[1]}, read by rank {leader_ranks[p.reader]})"
             to = [i for i in p.needers if i != p.reader]
             if me == p.reader:
                 index, raw, crc, err = reader.out.get()
                 assert index == p.index, (index, p.index)
                 if err:
-                    errors.append(f"{where}: {err}")
+                    errors.append(f"{_where(plan, p, leader_ranks)}: {err}")
                 header = (crc, err)
             elif me in to:
-                raw = target(p)
+                raw, header = target(p), None
             else:
                 continue
             if not to:
                 continue
-            if len(to) == size - 1:  # every other node: a pipelined chain, or MPI's own broadcast
-                header = leaders.bcast(header if me == p.reader else None, root=p.reader)
-                if header[1] is None and chain:
-                    _chain(leaders, raw, p.reader, block)
-                elif header[1] is None:
-                    for part in _subchunks(raw, chunk):
-                        leaders.Bcast(part, root=p.reader)
-            elif me == p.reader:
-                for dest in to:
-                    leaders.send(header, dest=dest, tag=TAG)
-                    if header[1] is None:
-                        for part in _subchunks(raw, chunk):
-                            leaders.Send(part, dest=dest, tag=TAG)
-            else:
-                header = leaders.recv(source=p.reader, tag=TAG)
-                if header[1] is None:
-                    for part in _subchunks(raw, chunk):
-                        leaders.Recv(part, source=p.reader, tag=TAG)
+            header = _move(leaders, p, to, raw, header, chunk, block, chain)
             if me != p.reader and header[1] is None:
                 kind, want = header[0]
                 checks.append((p, kind, want, verifier.submit(checksum, raw, kind), raw))
-        for p, kind, want, got, raw in checks:
-            s = plan.sources[p.source]
-            where = f"piece {p.index} ({s.name} rows {p.rows[0]}:{p.rows[1]}, read by rank {leader_ranks[p.reader]})"
-            try:
-                got = got.result()
-            except DataShareError as exc:
-                errors.append(f"{where} cannot be verified on rank {leader_ranks[me]} ({host}): {exc}")
-                continue
-            if tuple(got) != tuple(want):
-                bad = [i for i, (w, g) in enumerate(zip(want, got)) if w != g]
-                errors.append(f"{where} arrived corrupted on rank {leader_ranks[me]} ({host}): {kind} checksum "
-                              f"mismatch in {len(bad)} of {len(want)} block(s), the first covering bytes "
-                              f"{bad[0] * CRC_BLOCK}:{min(raw.nbytes, (bad[0] + 1) * CRC_BLOCK)} of the piece")
+        errors += _verify(plan, checks, leader_ranks, me)
     finally:
         verifier.shutdown(wait=True)
         if reader is not None:
-            reader.stop.set()
-            while reader.is_alive():  # drain so a reader blocked on a full queue can see the stop
-                try:
-                    reader.out.get(timeout=0.05)
-                except queue.Empty:
-                    pass
+            reader.close()
     return errors
 
 
@@ -319,10 +344,9 @@ def open_shared(descriptor: Mapping[str, Any]) -> tuple[SharedArrays, dict[str, 
 
 def _polite_recv(node: Any) -> Any:
     """Wait for the node leader with short sleeps: a blocking receive would spin on the core the reader needs."""
-    pause = 1e-5
+    backoff = Backoff(longest=0.01, shortest=1e-5, first=1e-5)
     while not node.iprobe(source=0, tag=TAG):
-        time.sleep(pause)
-        pause = min(0.01, pause * 2)
+        backoff.sleep()
     return node.recv(source=0, tag=TAG)
 
 

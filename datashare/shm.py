@@ -18,7 +18,7 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
-from .layout import ArraySpec, array_spec, layout, specs_of, views
+from .layout import ArraySpec, array_spec, layout, views
 
 log = logging.getLogger(__name__)
 
@@ -94,14 +94,6 @@ class SharedArrays:
             raise SharedMemoryError(exc.errno, f"node {host}: cannot reserve {_gib(total)} in {SHM_DIR} "
                                     f"({_gib(free)} free): {exc.strerror}") from None
         log.debug("created shared memory %s (%d bytes, %d arrays)", name, total, len(specs))
-        return sa
-
-    @classmethod
-    def from_arrays(cls, arrays: Mapping[str, np.ndarray], *, prefix: str = "galapagos") -> "SharedArrays":
-        """A shared copy of local arrays."""
-        sa = cls.create(specs_of(arrays), prefix=prefix)
-        for k, a in arrays.items():
-            sa.arrays[k][...] = a
         return sa
 
     @classmethod

@@ -122,6 +122,92 @@ def _npz_x(fname: str, key: str, x: np.ndarray) -> np.ndarray:
     raise data_error(fname, key, f"expected numeric inputs, got dtype {x.dtype}")
 
 
+def _load_npz(src: str, out_path: str | os.PathLike, overwrite: bool) -> dict[str, np.ndarray]:
+    """The archive's arrays, once it is known to be a readable .npz and the output may be written."""
+    p = Path(src)
+    if not p.is_file():
+        raise data_error(src, "/", "no such file")
+    if Path(out_path).exists() and not overwrite:
+        raise data_error(str(out_path), "/", "already exists; give another output file, or --force to replace it")
+    if not zipfile.is_zipfile(src):
+        raise data_error(src, "/", "not a .npz archive (numpy.savez writes one; this file is not a zip archive)")
+    try:
+        with np.load(src, allow_pickle=False) as z:
+            raw = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError) as e:
+        raise data_error(src, "/", f"cannot read as .npz: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+    known = {f"{a}_{s}" for a in "xy" for s in SPLITS}
+    extra = sorted(set(raw) - known)
+    if extra:
+        log.warning("%s: ignoring arrays %s", src, extra)
+    return raw
+
+
+def _npz_pairs(src: str, raw: Mapping[str, np.ndarray]) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """Each split's (x, y), train among them, none empty."""
+    pairs = {s: pair for s in SPLITS if (pair := _npz_pair(src, raw, s)) is not None}
+    if "train" not in pairs:
+        raise data_error(src, "x_train", "missing array (x_train and y_train are required)")
+    for s, (x, _) in pairs.items():
+        if len(x) == 0:
+            raise data_error(src, f"x_{s}", "has 0 samples")
+    return pairs
+
+
+def _infer_task(src: str, pairs: Mapping[str, tuple[np.ndarray, np.ndarray]]) -> str:
+    """Integer labels mean classification, floats regression; every split's labels must agree with train's."""
+    kinds = {s: y.dtype.kind for s, (_, y) in pairs.items()}
+    task = "classification" if kinds["train"] in "iub" else "regression"
+    for s, k in kinds.items():
+        if (k in "iub") != (task == "classification"):
+            raise data_error(src, f"y_{s}", f"dtype {pairs[s][1].dtype} disagrees with y_train dtype "
+                                       f"{pairs['train'][1].dtype}; pass task= explicitly")
+    return task
+
+
+def _class_y(src: str, key: str, y: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Class labels as int64 of shape (N,): whole, non-negative numbers."""
+    if y.ndim == 2 and y.shape[1] == 1:
+        y = y.reshape(-1)
+    if y.dtype.kind == "f":
+        if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
+            raise data_error(src, key, "classification labels must be whole numbers")
+    elif y.dtype.kind not in "iub":
+        raise data_error(src, key, f"expected integer class labels, got dtype {y.dtype}")
+    if y.ndim != 1:
+        hint = "; pass --task segmentation for labels per pixel" if y.shape[1:] == x.shape[2:] else ""
+        raise data_error(src, key, f"expected class labels of shape (N,), got {shape_str(y.shape)}" + hint)
+    if len(y) and y.min() < 0:
+        first = int(np.flatnonzero(y < 0)[0])
+        raise data_error(src, key, f"negative label {int(y[first])} at sample {first}")
+    return y.astype(np.int64)
+
+
+def _regression_y(src: str, key: str, y: np.ndarray) -> np.ndarray:
+    """Regression targets as float32 of shape (N, T)."""
+    if y.dtype.kind not in "iubf":
+        raise data_error(src, key, f"expected numeric regression targets, got dtype {y.dtype}")
+    y = y.astype(np.float32)
+    return y.reshape(-1, 1) if y.ndim == 1 else y
+
+
+def _checked_labels(src: str, out: dict[str, tuple[np.ndarray, np.ndarray]], inferred: bool, relabel: bool,
+                    num_classes: int | None) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """The classification splits, their labels checked for layout mistakes (datashare.mistakes) and mapped to
+    0..K-1 if `relabel`; a strong class imbalance is a warning."""
+    labels = np.unique(np.concatenate([y for _, y in out.values()]))
+    if inferred and (why := mistakes.many_classes(f"{src}: y", labels)):
+        raise DataError(why)
+    if relabel:
+        out = {s: (x, np.searchsorted(labels, y).astype(np.int64)) for s, (x, y) in out.items()}
+    elif num_classes is None and (why := mistakes.label_gaps(f"{src}: y", labels)):
+        raise DataError(why)
+    counts = dict(zip(*np.unique(out["train"][1], return_counts=True)))
+    if why := mistakes.imbalance(f"{src}: y_train", {int(k): int(v) for k, v in counts.items()}):
+        log.warning("%s", why)
+    return out
+
+
 def import_npz(npz_path: str | os.PathLike, out_path: str | os.PathLike, *, task: str | None = None,
                num_classes: int | None = None, name: str | None = None, description: str | None = None,
                target_names: Sequence[str] | None = None, overwrite: bool = False,
@@ -141,44 +227,17 @@ def import_npz(npz_path: str | os.PathLike, out_path: str | os.PathLike, *, task
     unlabelled pixels) or `task="field"` (y (N, T, *spatial), moved channels-first with x by `channels_last`).
     """
     src = str(npz_path)
-    p = Path(src)
-    if not p.is_file():
-        raise data_error(src, "/", "no such file")
-    if Path(out_path).exists() and not overwrite:
-        raise data_error(str(out_path), "/", "already exists; give another output file, or --force to replace it")
-    if not zipfile.is_zipfile(src):
-        raise data_error(src, "/", "not a .npz archive (numpy.savez writes one; this file is not a zip archive)")
-    try:
-        with np.load(src, allow_pickle=False) as z:
-            raw = {k: z[k] for k in z.files}
-    except (OSError, ValueError, EOFError) as e:
-        raise data_error(src, "/", f"cannot read as .npz: {str(e).splitlines()[0] if str(e) else type(e).__name__}")
-    known = {f"{a}_{s}" for a in "xy" for s in SPLITS}
-    extra = sorted(set(raw) - known)
-    if extra:
-        log.warning("%s: ignoring arrays %s", src, extra)
-    task_given = task
+    raw = _load_npz(src, out_path, overwrite)
+    inferred = task is None
     if task is not None and task not in TASKS:
         raise data_error(src, "/", f"task must be one of {', '.join(TASKS)}, got {task!r}")
-
-    pairs = {s: pair for s in SPLITS if (pair := _npz_pair(src, raw, s)) is not None}
-    if "train" not in pairs:
-        raise data_error(src, "x_train", "missing array (x_train and y_train are required)")
-    for s, (x, _) in pairs.items():
-        if len(x) == 0:
-            raise data_error(src, f"x_{s}", "has 0 samples")
+    pairs = _npz_pairs(src, raw)
     if task is None:
-        kinds = {s: y.dtype.kind for s, (_, y) in pairs.items()}
-        task = "classification" if kinds["train"] in "iub" else "regression"
-        for s, k in kinds.items():
-            if (k in "iub") != (task == "classification"):
-                raise data_error(src, f"y_{s}", f"dtype {pairs[s][1].dtype} disagrees with y_train dtype "
-                                           f"{pairs['train'][1].dtype}; pass task= explicitly")
+        task = _infer_task(src, pairs)
 
     suspect = mistakes.channels_last(f"{src}: x_train", pairs["train"][0].shape[1:])
     if suspect and channels_last is None:
         raise DataError(suspect)
-    inferred = task_given is None
     out: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     for s, (x, y) in pairs.items():
         x = _npz_x(src, f"x_{s}", x)
@@ -189,41 +248,13 @@ def import_npz(npz_path: str | os.PathLike, out_path: str | os.PathLike, *, task
         if task in DENSE_TASKS:
             y = _dense_y(src, f"y_{s}", y, task, bool(channels_last))
         elif task == "classification":
-            if y.ndim == 2 and y.shape[1] == 1:
-                y = y.reshape(-1)
-            if y.dtype.kind == "f":
-                if not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
-                    raise data_error(src, f"y_{s}", "classification labels must be whole numbers")
-            elif y.dtype.kind not in "iub":
-                raise data_error(src, f"y_{s}", f"expected integer class labels, got dtype {y.dtype}")
-            if y.ndim != 1:
-                hint = "; pass --task segmentation for labels per pixel" if y.shape[1:] == x.shape[2:] else ""
-                raise data_error(src, f"y_{s}", f"expected class labels of shape (N,), got {shape_str(y.shape)}"
-                                                + hint)
-            if len(y) and y.min() < 0:
-                first = int(np.flatnonzero(y < 0)[0])
-                raise data_error(src, f"y_{s}", f"negative label {int(y[first])} at sample {first}")
-            y = y.astype(np.int64)
+            y = _class_y(src, f"y_{s}", y, x)
         else:
-            if y.dtype.kind not in "iubf":
-                raise data_error(src, f"y_{s}", f"expected numeric regression targets, got dtype {y.dtype}")
-            y = y.astype(np.float32)
-            if y.ndim == 1:
-                y = y.reshape(-1, 1)
+            y = _regression_y(src, f"y_{s}", y)
         out[s] = (x, y)
 
     if task == "classification":
-        labels = np.unique(np.concatenate([y for _, y in out.values()]))
-        if inferred and (why := mistakes.many_classes(f"{src}: y", labels)):
-            raise DataError(why)
-        if relabel:
-            out = {s: (x, np.searchsorted(labels, y).astype(np.int64)) for s, (x, y) in out.items()}
-            labels = np.arange(labels.size)
-        elif num_classes is None and (why := mistakes.label_gaps(f"{src}: y", labels)):
-            raise DataError(why)
-        counts = dict(zip(*np.unique(out["train"][1], return_counts=True)))
-        if why := mistakes.imbalance(f"{src}: y_train", {int(k): int(v) for k, v in counts.items()}):
-            log.warning("%s", why)
+        out = _checked_labels(src, out, inferred, relabel, num_classes)
     if task == "classification" and num_classes is None:
         num_classes = max(int(y.max()) for _, y in out.values()) + 1
         if num_classes < 2:

@@ -128,6 +128,46 @@ def _bcast_batch(comm: Any, buf: np.ndarray) -> None:
         comm.Bcast(raw[start:start + CHUNK_BYTES], root=0)
 
 
+def _check_members(comm: Any, models: Sequence[tuple[int, Callable]], m: int, x: np.ndarray | None, rank: int,
+                   size: int) -> None:
+    """Collective: each rank holds the members :func:`assigned` to it and rank 0 the inputs, or every rank raises
+    (none waits in a broadcast)."""
+    expected, held = set(assigned(m, rank, size)), sorted(i for i, _ in models)
+    error = None
+    if set(held) != expected:
+        error = ValueError(f"rank {rank} of {size} holds members {held}, expected {sorted(expected)}")
+    elif rank == 0 and x is None:
+        error = ValueError("rank 0 must pass the inputs, got None")
+    if (error := first_error(comm, error)) is not None:
+        raise error
+
+
+def _member_sums(models: Sequence[tuple[int, Callable]], xb: np.ndarray, w: np.ndarray, task: str,
+                 device: str | torch.device, lay: _Layout) -> np.ndarray:
+    """This rank's members on one batch, packed as `lay` places them: their weighted moments and own outputs."""
+    send = np.zeros(lay.size)
+    part = lay.views(send)
+    for i, model in models:
+        o = member_output(model, xb, task, device)
+        part["s1"] += w[i] * o
+        part["s2"] += w[i] * (o.astype(np.float64) ** 2 if _spread(task) else _entropy(o))
+        if "members" in part:
+            part["members"][i] = o
+    return send
+
+
+def _averaged(task: str, out: dict[str, np.ndarray], size: int) -> Averaged:
+    """The mean, and the spread (std) or the entropies, from the summed moments of every batch."""
+    mean = out["mean"]
+    if _spread(task):
+        # E[o^2] - E[o]^2 in float64 from float32 outputs: cancellation stays below the outputs' own precision.
+        std = np.sqrt(np.clip(out["second"] - mean ** 2, 0.0, None))
+        return Averaged(task, mean, std, None, None, out.get("members"), size)
+    entropy = _entropy(mean)
+    mutual = np.clip(entropy - out["second"], 0.0, None)
+    return Averaged(task, mean, None, entropy, mutual, out.get("members"), size)
+
+
 def average(comm: Any, models: Sequence[tuple[int, Callable]], weights: Sequence[float], x: np.ndarray | None,
             task: str, num_outputs: int, *, batch: int = 1024, device: str | torch.device = "cpu",
             per_member: bool = True) -> Averaged | None:
@@ -154,14 +194,7 @@ def average(comm: Any, models: Sequence[tuple[int, Callable]], weights: Sequence
             sub.Free()
     rank = 0 if comm is None else comm.Get_rank()
     size = 1 if comm is None else comm.Get_size()
-    expected, held = set(assigned(m, rank, size)), sorted(i for i, _ in models)
-    error = None
-    if set(held) != expected:
-        error = ValueError(f"rank {rank} of {size} holds members {held}, expected {sorted(expected)}")
-    elif rank == 0 and x is None:
-        error = ValueError("rank 0 must pass the inputs, got None")
-    if (error := first_error(comm, error)) is not None:  # every rank raises, none waits in a broadcast
-        raise error
+    _check_members(comm, models, m, x, rank, size)
     meta = (len(x), x.shape[1:], x.dtype.str) if rank == 0 else None
     if comm is not None:
         meta = comm.bcast(meta, root=0)
@@ -184,14 +217,7 @@ def average(comm: Any, models: Sequence[tuple[int, Callable]], weights: Sequence
                 xb = np.ascontiguousarray(xb)
             _bcast_batch(comm, xb)
         lay = _Layout(task, b, k, m, per_member, sp)
-        send = np.zeros(lay.size)
-        part = lay.views(send)
-        for i, model in models:
-            o = member_output(model, xb, task, device)
-            part["s1"] += w[i] * o
-            part["s2"] += w[i] * (o.astype(np.float64) ** 2 if _spread(task) else _entropy(o))
-            if per_member:
-                part["members"][i] = o
+        send = _member_sums(models, xb, w, task, device, lay)
         if comm is None:
             recv = send
         else:
@@ -203,13 +229,4 @@ def average(comm: Any, models: Sequence[tuple[int, Callable]], weights: Sequence
             out["second"][lo:hi] = got["s2"]
             if per_member:
                 out["members"][:, lo:hi] = got["members"]
-    if rank != 0:
-        return None
-    mean = out["mean"]
-    if _spread(task):
-        # E[o^2] - E[o]^2 in float64 from float32 outputs: cancellation stays below the outputs' own precision.
-        std = np.sqrt(np.clip(out["second"] - mean ** 2, 0.0, None))
-        return Averaged(task, mean, std, None, None, out.get("members"), size)
-    entropy = _entropy(mean)
-    mutual = np.clip(entropy - out["second"], 0.0, None)
-    return Averaged(task, mean, None, entropy, mutual, out.get("members"), size)
+    return _averaged(task, out, size) if rank == 0 else None

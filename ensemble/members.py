@@ -5,11 +5,15 @@ Strategies: `distinct` trains the K best distinct genomes of the run; `seeds` tr
 different seeds; `mixed` (the default) trains the ceil(K/2) best distinct genomes and fills the rest with the best
 genome under new seeds. When a run has fewer distinct genomes than asked for, the list is filled by retraining the
 best ones again with new seeds. Every member has its own seed, none equal to a seed the search used.
+
+The run's journal records are read by attribute (the application's journal records are such objects): `id`,
+`status`, `fitness`, `key` and `genome` (its JSON).
 """
 from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Any
 
 STRATEGIES = ("distinct", "seeds", "mixed")
 SEED_BASE = 2 ** 31  # member seeds start here; the search's are run.seed * 1_000_003 + evaluation id
@@ -33,20 +37,19 @@ class MemberSpec:
         return cls(**d)
 
 
-def ranked_genomes(records: list[dict]) -> list[dict]:
+def ranked_genomes(records: list[Any]) -> list[Any]:
     """The run's finished (`ok`) evaluations, best first, one per genome."""
-    ok = sorted((r for r in records if r.get("status") == "ok" and r.get("fitness") is not None),
-                key=lambda r: (-r["fitness"], r["id"]))
+    ok = sorted((r for r in records if r.status == "ok" and r.fitness is not None), key=lambda r: (-r.fitness, r.id))
     seen: set[str] = set()
     out = []
     for r in ok:
-        if r["key"] not in seen:
-            seen.add(r["key"])
+        if r.key not in seen:
+            seen.add(r.key)
             out.append(r)
     return out
 
 
-def choose_members(records: list[dict], *, members: int, strategy: str, seed: int,
+def choose_members(records: list[Any], *, members: int, strategy: str, seed: int,
                    run: str = "") -> list[MemberSpec]:
     """The plan: `members` member specs from a run's journal records, picked by `strategy`, seeded from `seed`."""
     if members < 1 or strategy not in STRATEGIES:
@@ -66,9 +69,9 @@ def choose_members(records: list[dict], *, members: int, strategy: str, seed: in
         picks = tops[:d] + [tops[0]] * (k - d)
     specs, used = [], set()
     for i, r in enumerate(picks):
-        kind = "reseed" if r["key"] in used else "distinct"
-        used.add(r["key"])
-        specs.append(MemberSpec(name=f"m{i:02d}-e{r['id']}", genome=r["genome"], key=r["key"],
+        kind = "reseed" if r.key in used else "distinct"
+        used.add(r.key)
+        specs.append(MemberSpec(name=f"m{i:02d}-e{r.id}", genome=r.genome, key=r.key,
                                 seed=SEED_BASE + seed * 1_000_003 + i,
-                                origin={"run": run, "id": r["id"], "kind": kind, "fitness": r["fitness"]}))
+                                origin={"run": run, "id": r.id, "kind": kind, "fitness": r.fitness}))
     return specs

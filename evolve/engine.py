@@ -23,7 +23,7 @@ import logging
 import math
 import random
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable
 
 from .check import check_genome
 from .errors import InvalidGenome, SearchExhausted
@@ -159,10 +159,6 @@ class Engine:
         return tuple(self._pending)
 
     @property
-    def next_id(self) -> int:
-        return self._next_id
-
-    @property
     def population(self) -> list[tuple[Candidate, float | None]]:
         """The ageing population, oldest first: the last ``population_size`` finished evaluations told."""
         return list(self._population)
@@ -175,10 +171,6 @@ class Engine:
     def elite(self) -> list[tuple[Candidate, Values]]:
         """Several objectives: the population parents come from (NSGA-II survivors, with their objective values)."""
         return list(self._elite)
-
-    def has_seen(self, genome: Genome | str) -> bool:
-        """Whether a genome (or key) was ever asked or told: such a genome is never proposed again."""
-        return (genome if isinstance(genome, str) else genome.key) in self._seen
 
     def candidate(self, candidate_id: int) -> Candidate:
         """A pending candidate by id."""
@@ -247,17 +239,20 @@ class Engine:
             raise KeyError(f"tell: candidate {candidate_id} is not pending ({what})")
         self._record(candidate, fitness, status, values)
 
-    def replay(self, records: Iterable[Mapping[str, Any]]) -> int:
-        """Rebuild state from journal records (``id``, ``genome``, ``parents``, ``fitness``, ``status``), in order,
-        as if each had been asked and told; returns how many were applied. Used by ``--resume``: afterwards ids
-        continue after the largest, and no genome seen in the journal is proposed again.
+    def replay(self, records: Iterable[Any]) -> int:
+        """Rebuild state from journal records, in order, as if each had been asked and told; returns how many were
+        applied. Used by ``--resume``: afterwards ids continue after the largest, and no genome seen in the journal
+        is proposed again.
+
+        Records are read by attribute (the application's journal records are such objects): ``id``, ``genome``
+        (its JSON or a Genome), ``parents`` (ids, or None), ``origin`` (None: told by the number of parents),
+        ``fitness`` and ``status``; with several objectives also ``params`` and ``metrics`` (:class:`.pareto.Scored`).
         """
         applied = 0
         for i, rec in enumerate(records):
             try:
-                cid = rec["id"]
-                raw_genome = rec["genome"]
-            except (KeyError, TypeError):
+                cid, raw_genome = rec.id, rec.genome
+            except AttributeError:
                 raise ValueError(f"replay: record {i} lacks 'id' or 'genome': {rec!r}") from None
             if not is_int(cid) or cid < 0:
                 raise ValueError(f"replay: record {i} has a bad id {cid!r}")
@@ -268,14 +263,13 @@ class Engine:
                 genome = Genome.from_json(raw_genome)
             except InvalidGenome as e:
                 raise InvalidGenome(f"replay: record {i} (id {cid}): {e}") from None
-            parents = tuple(int(p) for p in (rec.get("parents") or ()))
-            origin = rec.get("origin") or ("random" if not parents else
-                                           "mutation" if len(parents) == 1 else "crossover")
+            parents = tuple(int(p) for p in (rec.parents or ()))
+            origin = rec.origin or ("random" if not parents else "mutation" if len(parents) == 1 else "crossover")
             candidate = self._pending.pop(cid, None) or Candidate(cid, genome, parents, origin)
             self._seen.add(genome.key)
             self._next_id = max(self._next_id, cid + 1)
             values = objective_values(rec, self.config.objectives) if self.multi_objective else None
-            self._record(candidate, rec.get("fitness"), rec.get("status", "ok"), values)
+            self._record(candidate, rec.fitness, rec.status, values)
             applied += 1
         return applied
 

@@ -6,14 +6,16 @@ units with no extra files. Regression targets are normalised per target, field t
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
 from torch import nn
 
+from .dense import field_stats
 from .problem import Problem
 
-__all__ = ["BuiltNet", "Normalized", "set_normalization"]
+__all__ = ["BuiltNet", "Normalized", "normalization_stats", "set_normalization"]
 
 
 class Normalized(nn.Module):
@@ -107,3 +109,34 @@ def set_normalization(
             model.y_mean.copy_(_as_vector("y_mean", y_mean, t, model.y_mean))
         if y_std is not None:
             model.y_std.copy_(_nonzero(_as_vector("y_std", y_std, t, model.y_std)))
+
+
+def _channel_axes(x: torch.Tensor) -> tuple[int, ...]:
+    return (0,) + tuple(range(2, x.dim()))
+
+
+def normalization_stats(x: torch.Tensor, y: torch.Tensor, task: str, chunk_bytes: int = 16 << 20) -> dict:
+    """Per-channel input mean/std and per-target mean/std, computed in float64 slices of about ``chunk_bytes``.
+
+    Slices are cut by size, not by a row count: 4096 rows of 64 KiB images were 1.3 GiB of temporaries in every
+    trainer, more than the node's shared copy of a 1 GiB dataset (bench/RESULTS.md, datashare).
+    """
+    s = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)
+    ss = torch.zeros_like(s)
+    count = 0
+    chunk = max(1, chunk_bytes // (8 * math.prod(x.shape[1:])))
+    for i in range(0, x.shape[0], chunk):
+        xb = x[i:i + chunk].double()
+        s += xb.sum(dim=_channel_axes(xb))
+        ss += (xb * xb).sum(dim=_channel_axes(xb))
+        count += xb.numel() // x.shape[1]
+    mean = s / max(count, 1)
+    std = (ss / max(count, 1) - mean * mean).clamp_min(0).sqrt().clamp_min(1e-6)
+    stats = {"x_mean": mean.float(), "x_std": std.float()}
+    if task == "regression":
+        yd = y.double()
+        stats["y_mean"] = yd.mean(0).float()
+        stats["y_std"] = yd.std(0, unbiased=False).clamp_min(1e-6).float()
+    elif task == "field":  # per target channel, over every pixel
+        stats.update(field_stats(y))
+    return stats

@@ -8,6 +8,9 @@ evaluation beats on every objective at once.
 
 A pick (`predict --pick`, `ensemble --pick`) names one evaluation by id, or constraints such as
 `params<=100000,latency<=2`: the best fitness among the networks that meet them.
+
+Evaluations are read by attribute (:class:`Scored`: the application's journal records,
+galapagos/store/journal.py, or anything else with those attributes).
 """
 from __future__ import annotations
 
@@ -16,18 +19,28 @@ import math
 import operator
 import random
 import re
-from typing import Any, Callable, Hashable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Iterable, Protocol, Sequence
 
 from deap import base, tools
 
 __all__ = ["OBJECTIVES", "Front", "best_pick", "crowded_tournament", "dominates", "nsga2_rank", "nsga2_survivors",
-           "objective_values", "parse_pick", "weights"]
+           "objective_values", "parse_pick", "weights", "Scored"]
 
-#: objective -> (weight: +1 maximised, -1 minimised; where a journal record holds it; unit for people)
-OBJECTIVES: dict[str, tuple[float, Callable[[Mapping], Any], str]] = {
-    "fitness": (1.0, lambda r: r.get("fitness"), "validation score"),
-    "params": (-1.0, lambda r: r.get("params"), "parameters"),
-    "latency": (-1.0, lambda r: (r.get("metrics") or {}).get("latency_ms"), "ms per sample"),
+
+class Scored(Protocol):
+    """What objectives and picks read of an evaluation."""
+
+    id: int
+    fitness: float | None
+    params: int | None
+    metrics: dict | None  # latency_ms among them, when the task function measured it
+
+
+#: objective -> (weight: +1 maximised, -1 minimised; where an evaluation holds it; unit for people)
+OBJECTIVES: dict[str, tuple[float, Callable[[Scored], Any], str]] = {
+    "fitness": (1.0, lambda r: r.fitness, "validation score"),
+    "params": (-1.0, lambda r: r.params, "parameters"),
+    "latency": (-1.0, lambda r: (r.metrics or {}).get("latency_ms"), "ms per sample"),
 }
 
 Values = tuple[float, ...]
@@ -37,7 +50,7 @@ def weights(objectives: Sequence[str]) -> tuple[float, ...]:
     return tuple(OBJECTIVES[o][0] for o in objectives)
 
 
-def objective_values(record: Mapping, objectives: Sequence[str]) -> Values | None:
+def objective_values(record: Scored, objectives: Sequence[str]) -> Values | None:
     """The record's value of each objective, or None when one is missing or not a finite number (a failed
     evaluation, or a task function that does not measure it)."""
     out = []
@@ -125,13 +138,13 @@ _CONSTRAINT = re.compile(r"^\s*(fitness|params|latency)\s*(<=|>=|<|>)\s*([-+0-9.
 _OPS = {"<=": operator.le, ">=": operator.ge, "<": operator.lt, ">": operator.gt}
 
 
-def parse_pick(spec: str, flag: str = "--pick") -> Callable[[Mapping], bool]:
-    """A test on journal records from `ID` or from constraints `OBJ<=VALUE[,OBJ>=VALUE...]` (OBJ one of fitness,
+def parse_pick(spec: str, flag: str = "--pick") -> Callable[[Scored], bool]:
+    """A test on evaluations from `ID` or from constraints `OBJ<=VALUE[,OBJ>=VALUE...]` (OBJ one of fitness,
     params, latency); a spec that is neither is a ValueError naming `flag` and the accepted forms."""
     spec = spec.strip()
     if re.fullmatch(r"\d+", spec):
         wanted = int(spec)
-        return lambda r: r.get("id") == wanted
+        return lambda r: r.id == wanted
     tests = []
     for part in spec.split(","):
         m = _CONSTRAINT.match(part)
@@ -149,8 +162,8 @@ def parse_pick(spec: str, flag: str = "--pick") -> Callable[[Mapping], bool]:
     return lambda r: all(t(r) for t in tests)
 
 
-def best_pick(records: Iterable[Mapping], spec: str, flag: str = "--pick") -> Mapping | None:
-    """The record with the highest fitness among those the pick accepts (lowest id on ties), or None."""
+def best_pick(records: Iterable[Scored], spec: str, flag: str = "--pick") -> Scored | None:
+    """The evaluation with the highest fitness among those the pick accepts (lowest id on ties), or None."""
     test = parse_pick(spec, flag)
-    chosen = [r for r in records if r.get("fitness") is not None and test(r)]
-    return min(chosen, key=lambda r: (-r["fitness"], r["id"]), default=None)
+    chosen = [r for r in records if r.fitness is not None and test(r)]
+    return min(chosen, key=lambda r: (-r.fitness, r.id), default=None)

@@ -21,10 +21,11 @@ from galapagos.datashare.plan import split_arrays
 from galapagos.evolve.batches import (GPU_TYPES, batch_data, child_device, epoch_batches, resident_fits,
                             stats_sample)
 from galapagos.evolve.build import build_model, set_normalization
-from galapagos.evolve.dense import class_counts, evaluate_dense, field_loss, field_stats, segmentation_loss
+from galapagos.evolve.dense import class_counts, evaluate_dense, field_loss, segmentation_loss
 from galapagos.evolve.genome import Genome
 from galapagos.evolve.inherit import inherit_weights
 from galapagos.evolve.netdir import save_weights
+from galapagos.evolve.normalize import normalization_stats
 from galapagos.evolve.problem import Problem
 from galapagos.evolve.task import DataAccess, TrainConfig, TrainTask
 
@@ -34,37 +35,6 @@ log = logging.getLogger(__name__)
 
 class NonFiniteLoss(FloatingPointError):
     """The loss became NaN or infinite: the candidate diverged (the trainer records it as status `nan`)."""
-
-
-def _channel_axes(x: torch.Tensor) -> tuple[int, ...]:
-    return (0,) + tuple(range(2, x.dim()))
-
-
-def normalization_stats(x: torch.Tensor, y: torch.Tensor, task: str, chunk_bytes: int = 16 << 20) -> dict:
-    """Per-channel input mean/std and per-target mean/std, computed in float64 slices of about ``chunk_bytes``.
-
-    Slices are cut by size, not by a row count: 4096 rows of 64 KiB images were 1.3 GiB of temporaries in every
-    trainer, more than the node's shared copy of a 1 GiB dataset (bench/RESULTS.md, datashare).
-    """
-    s = torch.zeros(x.shape[1], dtype=torch.float64, device=x.device)
-    ss = torch.zeros_like(s)
-    count = 0
-    chunk = max(1, chunk_bytes // (8 * math.prod(x.shape[1:])))
-    for i in range(0, x.shape[0], chunk):
-        xb = x[i:i + chunk].double()
-        s += xb.sum(dim=_channel_axes(xb))
-        ss += (xb * xb).sum(dim=_channel_axes(xb))
-        count += xb.numel() // x.shape[1]
-    mean = s / max(count, 1)
-    std = (ss / max(count, 1) - mean * mean).clamp_min(0).sqrt().clamp_min(1e-6)
-    stats = {"x_mean": mean.float(), "x_std": std.float()}
-    if task == "regression":
-        yd = y.double()
-        stats["y_mean"] = yd.mean(0).float()
-        stats["y_std"] = yd.std(0, unbiased=False).clamp_min(1e-6).float()
-    elif task == "field":  # per target channel, over every pixel
-        stats.update(field_stats(y))
-    return stats
 
 
 def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, task: str, batch: int,
@@ -215,6 +185,86 @@ def _sync(device: torch.device) -> None:
         getattr(torch, device.type).synchronize(device)
 
 
+def _prepared_model(genome: Genome, problem: Problem, config: TrainConfig, device: torch.device, xtr: torch.Tensor,
+                    ytr: torch.Tensor, stats: dict | None, parent: dict | None) -> tuple:
+    """The genome's network with its normalization statistics and a parent's weights where the layers match, on
+    `device` in its memory format: (the network, its compiled module or None, the share inherited or None, the
+    memory format or None)."""
+    model = build_model(genome, problem, builder=config.builder)
+    set_normalization(model, **(stats or normalization_stats(xtr, ytr, problem.task)))
+    inherited = inherit_weights(model, parent) if parent else None
+    model.to(device)
+    if (fmt := memory_format(model, device, config.memory_format)) is not None:
+        _to_memory_format(model, fmt)
+    # torch.compile (https://docs.pytorch.org/docs/stable/generated/torch.compile.html) compiles at the first step:
+    # seconds that pay back only over many steps. Full batches take the compiled module; the last, shorter batch of
+    # an epoch and the evaluation take the module itself (same parameters), so no shape or mode compiles again.
+    compiled = torch.compile(model) if config.compile else None
+    return model, compiled, inherited, fmt
+
+
+def _schedule(genome: Genome, config: TrainConfig, opt: torch.optim.Optimizer, rows: int,
+              inherited: float | None) -> tuple[int, int, int, torch.optim.lr_scheduler.OneCycleLR]:
+    """How long the candidate trains: (training rows per epoch, epochs, steps, the one-cycle learning rate over
+    them). A network that inherited most of its weights may train fewer epochs (`inherited_epochs`)."""
+    n = rows if not config.max_train_samples else min(rows, config.max_train_samples)
+    epochs = config.inherited_epochs if inherited is not None and inherited >= 0.5 and config.inherited_epochs \
+        else config.epochs
+    steps = max(1, n // genome.batch_size) * epochs
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=genome.lr, total_steps=steps, pct_start=0.15)
+    return n, epochs, steps, sched
+
+
+def _loss_function(genome: Genome, problem: Problem, model: torch.nn.Module, ytr: torch.Tensor,
+                   counts: torch.Tensor | None) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The training loss of a batch's output and targets, by task: cross-entropy, MSE on targets normalised per
+    target (regression) or per channel (field), the genome's segmentation loss."""
+    if problem.task == "classification":
+        return lambda out, yb: F.cross_entropy(out.float(), yb)
+    if problem.task == "regression":
+        y_mean, y_std = model.y_mean, model.y_std
+        return lambda out, yb: F.mse_loss((out.float() - y_mean) / y_std, (yb - y_mean) / y_std)
+    if problem.task == "field":
+        return field_loss(model.y_mean, model.y_std)
+    if counts is None and genome.loss == "weighted_ce":
+        counts = class_counts(ytr, problem.num_outputs, problem.ignore_index)
+    return segmentation_loss(genome.loss, counts, problem.ignore_index)
+
+
+def _step(opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None, params: list, grad_clip: float,
+          sched: torch.optim.lr_scheduler.LRScheduler, steps: int) -> None:
+    """The optimizer's step after a batch's backward: gradients unscaled (fp16) and clipped, step, schedule. It
+    takes no loss: a failed step's frame, kept by the traceback, must not hold the CUDA graphs (train_candidate)."""
+    if scaler is not None:
+        scaler.unscale_(opt)
+    if grad_clip:
+        torch.nn.utils.clip_grad_norm_(params, grad_clip)
+    if scaler is not None:
+        scaler.step(opt)
+        scaler.update()
+    else:
+        opt.step()
+    if sched.last_epoch + 1 < steps:
+        sched.step()
+
+
+def _how_trained(inherited: float | None, amp_dtype: torch.dtype | None, fmt: torch.memory_format | None,
+                 compile_seconds: float | None, graphs: bool, captured: bool | None) -> dict:
+    """The summary's notes on how the candidate trained, each where it applies."""
+    notes: dict = {}
+    if inherited is not None:
+        notes["inherited"] = round(inherited, 4)
+    if amp_dtype is not None:
+        notes["precision"] = str(amp_dtype).replace("torch.", "")
+    if fmt is not None:
+        notes["memory_format"] = str(fmt).replace("torch.", "")
+    if compile_seconds is not None:
+        notes["compile_seconds"] = round(compile_seconds, 3)
+    if graphs:
+        notes["cuda_graphs"] = bool(captured)  # False: the capture failed (logged), or no batch was full
+    return notes
+
+
 def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torch.Tensor, torch.Tensor]],
                     config: TrainConfig, *, device: str | torch.device = "cpu", seed: int = 0,
                     report: Callable[[dict], None] | None = None, stats: dict | None = None,
@@ -229,16 +279,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     torch.manual_seed(seed)
     xtr, ytr = (_on(device, a) for a in data["train"])
     xva, yva = (_on(device, a) for a in data["val"])
-    model = build_model(genome, problem, builder=config.builder)
-    set_normalization(model, **(stats or normalization_stats(xtr, ytr, problem.task)))
-    inherited = inherit_weights(model, parent) if parent else None
-    model.to(device)
-    if (fmt := memory_format(model, device, config.memory_format)) is not None:
-        _to_memory_format(model, fmt)
-    # torch.compile (https://docs.pytorch.org/docs/stable/generated/torch.compile.html) compiles at the first step:
-    # seconds that pay back only over many steps. Full batches take the compiled module; the last, shorter batch of
-    # an epoch and the evaluation take the module itself (same parameters), so no shape or mode compiles again.
-    compiled = torch.compile(model) if config.compile else None
+    model, compiled, inherited, fmt = _prepared_model(genome, problem, config, device, xtr, ytr, stats, parent)
     compile_seconds = None
     graphs = config.cuda_graphs and not config.compile and device.type == "cuda"  # captured at the first full batch
     fast, captured = compiled, None  # what full batches take; whether the capture took (None: not tried yet)
@@ -246,23 +287,13 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
     params = list(model.parameters())  # once: walking the modules was a quarter of the clipping's host time per step
     opt = _optimizer(genome, params, device)
-    n = xtr.shape[0] if not config.max_train_samples else min(xtr.shape[0], config.max_train_samples)
-    epochs = config.inherited_epochs if inherited is not None and inherited >= 0.5 and config.inherited_epochs \
-        else config.epochs
-    steps = max(1, n // genome.batch_size) * epochs
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=genome.lr, total_steps=steps, pct_start=0.15)
+    n, epochs, steps, sched = _schedule(genome, config, opt, xtr.shape[0], inherited)
     gen = torch.Generator(device="cpu").manual_seed(seed)
-    if problem.task == "regression":
-        y_mean, y_std = model.y_mean, model.y_std
-    elif problem.task == "field":  # MSE on targets normalised per channel, as regression is per target
-        dense_loss = field_loss(model.y_mean, model.y_std)
-    elif problem.task == "segmentation":
-        if counts is None and genome.loss == "weighted_ce":
-            counts = class_counts(ytr, problem.num_outputs, problem.ignore_index)
-        dense_loss = segmentation_loss(genome.loss, counts, problem.ignore_index)
+    loss_of = _loss_function(genome, problem, model, ytr, counts)
     best: dict | None = None
     best_state: dict = {}
     t0 = time.perf_counter()
+    # the batch loop stays here: `finally` drops what holds the CUDA graphs, which a helper's frame would keep
     try:
         for epoch in range(1, epochs + 1):
             model.train()
@@ -274,27 +305,10 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                     captured = fast is not None
                 with autocast():
                     out = (fast if fast is not None and full else model)(xb)
-                    if problem.task == "classification":
-                        loss = F.cross_entropy(out.float(), yb)
-                    elif problem.is_dense:
-                        loss = dense_loss(out, yb)
-                    else:
-                        loss = F.mse_loss((out.float() - y_mean) / y_std, (yb - y_mean) / y_std)
+                    loss = loss_of(out, yb)
                 opt.zero_grad(set_to_none=True)
-                if scaler is not None:
-                    scaler.scale(loss).backward()
-                    scaler.unscale_(opt)
-                else:
-                    loss.backward()
-                if config.grad_clip:
-                    torch.nn.utils.clip_grad_norm_(params, config.grad_clip)
-                if scaler is not None:
-                    scaler.step(opt)
-                    scaler.update()
-                else:
-                    opt.step()
-                if sched.last_epoch + 1 < steps:
-                    sched.step()
+                (scaler.scale(loss) if scaler is not None else loss).backward()
+                _step(opt, scaler, params, config.grad_clip, sched, steps)
                 total += loss.detach()
                 batches += 1
                 if compiled is not None and compile_seconds is None:
@@ -326,17 +340,8 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                "train_seconds": time.perf_counter() - t0,
                "params": sum(p.numel() for p in params),
                "latency_ms": latency_ms(model, xva, device, autocast),
-               **{k: v for k, v in best.items() if k not in ("epoch", "fitness")}}
-    if inherited is not None:
-        summary["inherited"] = round(inherited, 4)
-    if amp_dtype is not None:
-        summary["precision"] = str(amp_dtype).replace("torch.", "")
-    if fmt is not None:
-        summary["memory_format"] = str(fmt).replace("torch.", "")
-    if compile_seconds is not None:
-        summary["compile_seconds"] = round(compile_seconds, 3)
-    if graphs:
-        summary["cuda_graphs"] = bool(captured)  # False: the capture failed (logged), or no batch was full
+               **{k: v for k, v in best.items() if k not in ("epoch", "fitness")},
+               **_how_trained(inherited, amp_dtype, fmt, compile_seconds, graphs, captured)}
     return summary, {k: v.to("cpu") for k, v in best_state.items()}
 
 

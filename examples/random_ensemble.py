@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 from galapagos.datashare.format import load
-from galapagos.store.ensembledir import Manifest, Member, member_dir, save_manifest
+from galapagos.store.ensembledir import EnsembleDir, Manifest, Member, save_manifest
 from galapagos.evolve.build import build_model, set_normalization
 from galapagos.evolve.check import check_genome
 from galapagos.evolve.errors import InvalidGenome
@@ -70,7 +70,7 @@ def write_random_ensemble(out: str | Path, data: str | Path, members: int = 4, *
         if steps:
             _train(model, x, y, problem.task, steps, seed * 1000 + i)
         name = f"m{i:03d}"
-        net = NetworkDir(member_dir(out, name))
+        net = NetworkDir(EnsembleDir(out).member(name))
         net.write(genome.to_json(), {"problem": problem.to_dict(), "describe": genome.describe(),
                                      "params": sum(p.numel() for p in model.parameters())})
         save_weights(model.state_dict(), net.model_file)

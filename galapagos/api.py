@@ -78,7 +78,7 @@ def load(path: PathLike, device: str = "cpu") -> Any:
     torch module in eval mode: inputs (N, *sample_shape) -> class probabilities for an ensemble, logits for one
     network (classification), or regression outputs."""
     from galapagos.store.ensembledir import is_ensemble
-    from galapagos.flows.prediction import load_ensemble, load_network
+    from galapagos.models import load_ensemble, load_network
 
     if is_ensemble(path):
         return load_ensemble(path, device)

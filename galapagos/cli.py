@@ -9,7 +9,8 @@ import sys
 
 from galapagos.datashare.rules import CLASS_TASKS
 from galapagos import api
-from galapagos.errors import EXIT_NO_RESULT, EXIT_USAGE, NoResult
+from galapagos.errors import NoResult
+from galapagos.launch.protocol import EXIT_BAD_INPUT, EXIT_NO_RESULT
 from galapagos.flows.mpijob import JobFailed, WorkerExit, setup_logging, user_errors
 from galapagos.options import EnsembleOptions, EvolveOptions, PredictOptions
 from galapagos.parser import build_parser
@@ -192,9 +193,9 @@ def main(argv: list[str] | None = None) -> int:
         from galapagos.launch.mpi import under_launcher, world
 
         if args.command == "predict" and under_launcher() and world().rank != 0:
-            return EXIT_USAGE  # every rank of an ensemble prediction has the error; rank 0 reports it
+            return EXIT_BAD_INPUT  # every rank of an ensemble prediction has the error; rank 0 reports it
         print(f"galapagos {args.command}: error: {exc}", file=sys.stderr)
-        return EXIT_USAGE
+        return EXIT_BAD_INPUT
 
 
 if __name__ == "__main__":

@@ -154,6 +154,11 @@ def apply_set(d: dict, assignment: str) -> None:
     d[parts[0]][parts[1]] = parse_value(value.strip())
 
 
+# Galapagos's own task function as configs written before the one `galapagos` namespace name it (it was the default
+# of [run] task, so every run directory of then has it in its config.toml, which --resume reads).
+OLD_TRAIN_TASK = "evolve.train:train_task"
+
+
 def load_config(path: str | Path | None, sets: list[str] = (), overrides: dict | None = None) -> Config:
     """Defaults <- file <- --set <- command-line flags (`overrides`, as {"section.key": value})."""
     d: dict = {}
@@ -165,6 +170,8 @@ def load_config(path: str | Path | None, sets: list[str] = (), overrides: dict |
             d = tomllib.loads(p.read_text())
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"--config {p}: not valid TOML: {exc}") from None
+        if d.get("run", {}).get("task") == OLD_TRAIN_TASK:  # a run directory's config.toml written before 0.2
+            d["run"]["task"] = TRAIN_TASK
     for s in sets:
         apply_set(d, s)
     for key, value in (overrides or {}).items():

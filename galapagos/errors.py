@@ -1,9 +1,7 @@
-"""The errors a user sees: one clear line, exit code 2, nothing written."""
+"""The errors a user sees: one clear line, nothing written (their exit codes: galapagos/launch/protocol.py)."""
 from __future__ import annotations
 
-from galapagos.launch.protocol import EXIT_BAD_INPUT as EXIT_USAGE  # the exit code of a command and its ranks on bad input
-
-__all__ = ["EXIT_NO_RESULT", "EXIT_USAGE", "NoResult", "RunDirError", "UsageError"]
+__all__ = ["NoResult", "RunDirError", "UsageError"]
 
 
 class UsageError(ValueError):
@@ -14,13 +12,10 @@ class RunDirError(ValueError):
     """A run or ensemble directory that cannot hold this run, or that another live run holds."""
 
 
-EXIT_NO_RESULT = 4  # the exit code of `galapagos evolve` (and `design`) when NoResult ends the run
-
-
 class NoResult(Exception):
     """The run is over and no evaluation succeeded (every candidate failed, was rejected, or none finished): there
     is no best network. `master` raises it after writing summary.json; `summary` is what it would have returned
-    (with "best_dir": None). The command prints the one line str() gives and exits with EXIT_NO_RESULT."""
+    (with "best_dir": None). The command prints the one line str() gives and exits with launch.protocol.EXIT_NO_RESULT."""
 
     def __init__(self, summary: dict):
         super().__init__(summary)

@@ -35,7 +35,7 @@ class Probabilities(torch.nn.Module):
 
 def exportable(model: str | Path) -> tuple[torch.nn.Module, tuple[int, ...], str]:
     """The module to export (eval mode, on the CPU), the per-sample input shape and the task."""
-    from galapagos.flows.prediction import load_ensemble, load_network
+    from galapagos.models import load_ensemble, load_network
 
     if is_ensemble(model):
         problem = load_manifest(model).problem
@@ -79,7 +79,7 @@ def _onnx(module: torch.nn.Module, example: torch.Tensor, batch, out: Path) -> N
         import onnxscript  # noqa: F401
     except ImportError as exc:
         raise UsageError(f"--format onnx needs the {exc.name} package: pip install onnx onnxscript (or "
-                         "'galapagos[onnx]'); torchscript and pt2 need nothing more") from None
+                         "'galapagos-nas[onnx]'); torchscript and pt2 need nothing more") from None
     quiet = {name: logging.getLogger(name) for name in ("torch.onnx", "onnxscript", "onnx_ir")}
     levels = {name: lg.level for name, lg in quiet.items()}
     for lg in quiet.values():  # the exporter's optimisation passes log at INFO; they are not the user's business

@@ -4,9 +4,10 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
+
+from galapagos.datashare.poll import Backoff  # noqa: F401  (re-exported: launch's loops poll with it)
 
 # Environment variables that a launcher sets in every rank it starts.
 _LAUNCHER_VARS = (
@@ -102,7 +103,7 @@ def mpiexec() -> str:
         return str(local)
     found = shutil.which("mpiexec") or shutil.which("mpirun")
     if not found:
-        raise RuntimeError("no mpiexec found: install MPI (pip install 'galapagos[mpich]') or set GALAPAGOS_MPIEXEC")
+        raise RuntimeError("no mpiexec found: install MPI (pip install 'galapagos-nas[mpich]') or set GALAPAGOS_MPIEXEC")
     return found
 
 
@@ -147,21 +148,3 @@ def remove_leftover_segments(before: set[str]) -> list[str]:
         except OSError:
             pass
     return removed
-
-
-class Backoff:
-    """Sleeps between polls, growing to `longest` while nothing happens.
-
-    MPICH spins inside blocking receives; polling with a short sleep keeps idle ranks off the CPU that
-    training needs, at a latency of at most `longest` seconds.
-    """
-
-    def __init__(self, longest: float = 1e-3, shortest: float = 1e-6):
-        self.longest, self.shortest, self.now = longest, shortest, 0.0
-
-    def reset(self) -> None:
-        self.now = 0.0
-
-    def sleep(self) -> None:
-        time.sleep(self.now)
-        self.now = min(self.longest, max(self.shortest, self.now * 2))

@@ -25,6 +25,7 @@ EXIT_BAD_INPUT = 2  # every rank's exit code, and the command's, when the job ca
 # every rank (a stopped one would never exit); MPICH's mpiexec exits with this code.
 EXIT_LOST = 3
 EXIT_CRASH = 1  # the job's exit code when a rank failed unexpectedly and ended the job (MPI_Abort)
+EXIT_NO_RESULT = 4  # the exit code of `galapagos evolve` (and `design`) when the run ended and nothing succeeded
 
 
 class Status(str, Enum):

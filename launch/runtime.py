@@ -150,6 +150,168 @@ def stop_signal() -> str | None:
     return signal.Signals(_stop_signals[0]).name if _stop_signals else None
 
 
+class _Serving:
+    """master_serve's state (what were its loop's locals) and the loop's steps, cut as mpi4py.futures cuts its
+    own loops into named steps (client_exec, server_exec in mpi4py/futures/_core.py): `receive` drains what has
+    arrived and `decide`s on each message by its kind, `ended` looks for the end (the deadline, a stop request,
+    silent ranks given up, no worker left), `fill` hands tasks to free workers, `tick` lets the source show
+    progress and write through. Slots, not a __dict__: the loop's state is read without dict lookups, and a task
+    costs one method call per step more than the loop written out in one function did (bench/dispatch.py,
+    bench/master_cost.py time this path)."""
+
+    __slots__ = ("comm", "source", "deadline", "prefetch", "tick_seconds", "stop", "grace", "state", "slots", "sent",
+                 "heard", "order", "watch", "last_tick", "last_check", "unticked", "mean_seconds")
+
+    def __init__(self, comm: Any, source: TaskSource, deadline: float | None, prefetch: int | None,
+                 tick_seconds: float, stop: Callable[[], Any] | None, grace: float) -> None:
+        self.comm, self.source, self.deadline, self.prefetch = comm, source, deadline, prefetch
+        self.tick_seconds, self.stop, self.grace = tick_seconds, stop, grace
+        self.state = MasterState(workers=comm.size - 1)
+        self.slots = self.state.slots
+        self.sent: dict[int, float] = {}  # task id -> when it was sent
+        self.heard: dict[int, float] = {}  # worker rank -> when it last reported a result (its queued task starts then)
+        self.order: dict[int, list[int]] = defaultdict(list)  # worker rank -> the ids of the tasks it holds, as sent
+        self.watch: list[tuple[float, int]] = []  # heap: (earliest time its rank may be given up as lost, task id)
+        self.last_tick = self.last_check = 0.0
+        self.unticked = False  # something happened since the source's last tick
+        self.mean_seconds: float | None = None
+
+    def send(self, obj: Any, dest: int) -> None:
+        self.comm.send(obj, dest=dest, tag=TAG)
+
+    def receive(self) -> bool:
+        """Step 1: everything that has arrived, each message decided on in order; True if there was any."""
+        event = False
+        while True:
+            msg = self.comm.improbe(tag=TAG)
+            if msg is None:
+                return event
+            event = True
+            self.decide(msg.recv())
+
+    def decide(self, obj: Any) -> None:
+        """What one message changes: a result frees its worker's slot, progress may cancel its task, a rank that
+        failed is given up, a ready one gets slots. Anything else (no other kind comes before Stop) is dropped."""
+        state = self.state
+        if isinstance(obj, Result):
+            entry = state.running.pop(obj.id, None)
+            if entry is None:  # a duplicate, or late from a lost rank: the task is already recorded
+                return
+            self.sent.pop(obj.id, None)
+            self.order[entry[0]].remove(obj.id)
+            self.heard[obj.rank] = time.time()
+            seconds = max(0.0, obj.ended - obj.started)
+            state.busy_seconds += seconds
+            mean = self.mean_seconds
+            self.mean_seconds = seconds if mean is None else 0.9 * mean + 0.1 * seconds
+            self.slots.change(obj.rank, -1)
+            self.source.on_result(obj)
+        elif isinstance(obj, Progress):
+            if obj.id in state.running:
+                status = self.source.on_progress(obj)
+                if status:
+                    self.send(Cancel(obj.id, status), obj.rank)
+        elif isinstance(obj, RankFailed) and obj.rank not in state.lost:
+            self.lose(obj.rank, time.time(), "failed", obj.error)
+        elif isinstance(obj, Ready):
+            state.hosts[obj.rank], state.devices[obj.rank] = obj.host, obj.device
+            self.slots.add(obj.rank)
+            self.heard[obj.rank] = time.time()
+
+    def ended(self, now: float) -> bool:
+        """Step 2: the end. At the deadline or on a stop request, running tasks are cancelled (and given up at
+        once); once a tick, silent ranks are given up, and the loop ends when no worker is left."""
+        state = self.state
+        why = None
+        if self.deadline is not None and now >= self.deadline:
+            why = "time budget reached"
+        elif self.stop is not None and (reason := self.stop()):
+            why = f"stop requested ({reason})"
+        if why:
+            state.stopping = True
+            log.info("%s: cancelling %d running task(s) and stopping the workers", why, len(state.running))
+            for task_id, (rank, _) in list(state.running.items()):
+                self.send(Cancel(task_id, Status.CANCELLED), rank)
+            for task_id in list(state.running):
+                self.give_up(task_id, Status.CANCELLED, now, now)
+            return True
+        if now - self.last_check >= self.tick_seconds:
+            self.last_check = now
+            # The master's objects live long (the engine's population, every running task): Python's cyclic
+            # collector walked them all at each full collection, 12% of the master's time per task at 27,648
+            # simulated workers (bench/scale.py). What lived a tick is moved out of its way until the loop ends
+            # (https://docs.python.org/3/library/gc.html#gc.freeze).
+            gc.freeze()
+            self.give_up_silent_ranks(now)
+            if len(state.lost) == state.workers:
+                log.error("every worker rank stopped answering or failed (%s): ending the run",
+                          ", ".join(map(str, sorted(state.lost))))
+                return True
+        return False
+
+    def fill(self) -> bool:
+        """Step 3: keep every worker busy, the least loaded first; True if any task was sent."""
+        mean = self.mean_seconds
+        depth = self.prefetch if self.prefetch is not None else int(mean is not None and mean < SHORT_TASK)
+        slots, source, running, sent = self.slots, self.source, self.state.running, self.sent
+        event = False
+        while (rank := slots.least_loaded(depth)) is not None:
+            task = source.next_task()
+            if task is None:
+                break
+            running[task.id], sent[task.id] = (rank, task), time.time()
+            self.order[rank].append(task.id)
+            if task.time_limit is not None:
+                heapq.heappush(self.watch, (sent[task.id] + task.time_limit + self.grace, task.id))
+            slots.change(rank, 1)
+            self.send(task, rank)
+            event = True
+        return event
+
+    def tick(self, now: float, event: bool) -> None:
+        """Step 4: the source's tick, every TICK_BUSY seconds while something happens, else every tick."""
+        self.unticked = self.unticked or event
+        if now - self.last_tick >= (min(TICK_BUSY, self.tick_seconds) if self.unticked else self.tick_seconds):
+            self.source.on_tick(self.state)
+            self.last_tick, self.unticked = now, False
+
+    def give_up(self, task_id: int, status: Status, started: float, now: float, error: str | None = None) -> None:
+        """End a task on the master's word: the source hears of it as of any result (and journals it)."""
+        rank, _ = self.state.running.pop(task_id)
+        self.sent.pop(task_id, None)
+        self.order[rank].remove(task_id)
+        self.source.on_result(Result(task_id, rank, self.state.hosts.get(rank, ""), status, None, started, now,
+                                     error=error))
+
+    def give_up_silent_ranks(self, now: float) -> None:
+        """A rank whose running task (the first it holds: they run in order) is past its time limit plus the
+        grace has stopped answering (its supervisor would have reported the timeout): its tasks end as LOST.
+        Only tasks whose earliest such time has come are looked at (`watch`), not every running task: at
+        whole-machine scale a scan of all of them each second took more of the master than dispatch did."""
+        watch, running, grace = self.watch, self.state.running, self.grace
+        while watch and watch[0][0] < now:
+            _, task_id = heapq.heappop(watch)
+            if task_id not in running:
+                continue
+            rank, task = running[task_id]
+            began = max(self.sent[task_id], self.heard.get(rank, 0.0)) if self.order[rank][0] == task_id else now
+            if now <= began + task.time_limit + grace:  # started late, or not yet: look again when it may be due
+                heapq.heappush(watch, (began + task.time_limit + grace, task_id))
+                continue
+            self.lose(rank, now, "stopped answering", f"task {task_id} is {now - began - task.time_limit:.0f} s "
+                      f"past its time limit of {task.time_limit:g} s")
+
+    def lose(self, rank: int, now: float, what: str, why: str) -> None:
+        """Give up a worker rank that stopped answering or failed: its tasks end as LOST; it gets no more work."""
+        held = list(self.order[rank])
+        log.warning("worker rank %d on %s %s (%s): giving up its %d task(s); it gets no more work", rank,
+                    self.state.hosts.get(rank, "?"), what, why, len(held))
+        self.state.lost.add(rank)
+        self.slots.remove(rank)
+        for i in held:
+            self.give_up(i, Status.LOST, self.sent[i], now, f"worker rank {rank} {what}")
+
+
 def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None, prefetch: int | None = None,
                  tick: float = 1.0, stop: Callable[[], Any] | None = None,
                  lost_grace: float | None = None) -> MasterState:
@@ -169,134 +331,19 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
     Whatever ends the loop, an exception included, every worker not lost is sent Stop, so that no rank waits
     forever; then (but for an exception) the master reads until each has answered (_read_until_stopped).
     """
-    state = MasterState(workers=comm.size - 1)
-    grace = LOST_GRACE if lost_grace is None else lost_grace
-    slots = state.slots
-    sent: dict[int, float] = {}  # task id -> when it was sent
-    heard: dict[int, float] = {}  # worker rank -> when it last reported a result (its queued task starts then)
-    order: dict[int, list[int]] = defaultdict(list)  # worker rank -> the ids of the tasks it holds, as sent
-    watch: list[tuple[float, int]] = []  # heap: (earliest time its rank may be given up as lost, task id)
+    loop = _Serving(comm, source, deadline, prefetch, tick, stop, LOST_GRACE if lost_grace is None else lost_grace)
+    state = loop.state
     backoff = Backoff()
-    last_tick = last_check = 0.0
-    unticked = False  # something happened since the source's last tick
-    mean_seconds: float | None = None
-
-    def send(obj: Any, dest: int) -> None:
-        comm.send(obj, dest=dest, tag=TAG)
-
-    def give_up(task_id: int, status: Status, started: float, now: float, error: str | None = None) -> None:
-        """End a task on the master's word: the source hears of it as of any result (and journals it)."""
-        rank, _ = state.running.pop(task_id)
-        sent.pop(task_id, None)
-        order[rank].remove(task_id)
-        source.on_result(Result(task_id, rank, state.hosts.get(rank, ""), status, None, started, now, error=error))
-
-    def give_up_silent_ranks(now: float) -> None:
-        """A rank whose running task (the first it holds: they run in order) is past its time limit plus the
-        grace has stopped answering (its supervisor would have reported the timeout): its tasks end as LOST.
-        Only tasks whose earliest such time has come are looked at (`watch`), not every running task: at
-        whole-machine scale a scan of all of them each second took more of the master than dispatch did."""
-        while watch and watch[0][0] < now:
-            _, task_id = heapq.heappop(watch)
-            if task_id not in state.running:
-                continue
-            rank, task = state.running[task_id]
-            began = max(sent[task_id], heard.get(rank, 0.0)) if order[rank][0] == task_id else now
-            if now <= began + task.time_limit + grace:  # started late, or not yet: look again when it may be due
-                heapq.heappush(watch, (began + task.time_limit + grace, task_id))
-                continue
-            lose(rank, now, "stopped answering", f"task {task_id} is {now - began - task.time_limit:.0f} s past its "
-                 f"time limit of {task.time_limit:g} s")
-
-    def lose(rank: int, now: float, what: str, why: str) -> None:
-        """Give up a worker rank that stopped answering or failed: its tasks end as LOST; it gets no more work."""
-        held = list(order[rank])
-        log.warning("worker rank %d on %s %s (%s): giving up its %d task(s); it gets no more work", rank,
-                    state.hosts.get(rank, "?"), what, why, len(held))
-        state.lost.add(rank)
-        slots.remove(rank)
-        for i in held:
-            give_up(i, Status.LOST, sent[i], now, f"worker rank {rank} {what}")
-
     try:
         while True:
-            event = False
-            # 1. everything that has arrived
-            while True:
-                msg = comm.improbe(tag=TAG)
-                if msg is None:
-                    break
-                event = True
-                obj = msg.recv()
-                if isinstance(obj, Result):
-                    entry = state.running.pop(obj.id, None)
-                    if entry is None:  # a duplicate, or late from a lost rank: the task is already recorded
-                        continue
-                    sent.pop(obj.id, None)
-                    order[entry[0]].remove(obj.id)
-                    heard[obj.rank] = time.time()
-                    seconds = max(0.0, obj.ended - obj.started)
-                    state.busy_seconds += seconds
-                    mean_seconds = seconds if mean_seconds is None else 0.9 * mean_seconds + 0.1 * seconds
-                    slots.change(obj.rank, -1)
-                    source.on_result(obj)
-                elif isinstance(obj, Progress):
-                    if obj.id in state.running:
-                        status = source.on_progress(obj)
-                        if status:
-                            send(Cancel(obj.id, status), obj.rank)
-                elif isinstance(obj, RankFailed) and obj.rank not in state.lost:
-                    lose(obj.rank, time.time(), "failed", obj.error)
-                elif isinstance(obj, Ready):
-                    state.hosts[obj.rank], state.devices[obj.rank] = obj.host, obj.device
-                    slots.add(obj.rank)
-                    heard[obj.rank] = time.time()
-            # 2. the end: deadline or stop request (cancelled tasks are given up at once), or no worker left
+            event = loop.receive()
             now = time.time()
-            why = None
-            if deadline is not None and now >= deadline:
-                why = "time budget reached"
-            elif stop is not None and (reason := stop()):
-                why = f"stop requested ({reason})"
-            if why:
-                state.stopping = True
-                log.info("%s: cancelling %d running task(s) and stopping the workers", why, len(state.running))
-                for task_id, (rank, _) in list(state.running.items()):
-                    send(Cancel(task_id, Status.CANCELLED), rank)
-                for task_id in list(state.running):
-                    give_up(task_id, Status.CANCELLED, now, now)
+            if loop.ended(now):
                 break
-            if now - last_check >= tick:
-                last_check = now
-                # The master's objects live long (the engine's population, every running task): Python's cyclic
-                # collector walked them all at each full collection, 12% of the master's time per task at 27,648
-                # simulated workers (bench/scale.py). What lived a tick is moved out of its way until the loop ends
-                # (https://docs.python.org/3/library/gc.html#gc.freeze).
-                gc.freeze()
-                give_up_silent_ranks(now)
-                if len(state.lost) == state.workers:
-                    log.error("every worker rank stopped answering or failed (%s): ending the run",
-                              ", ".join(map(str, sorted(state.lost))))
-                    break
-            # 3. keep every worker busy
-            depth = prefetch if prefetch is not None else int(mean_seconds is not None and mean_seconds < SHORT_TASK)
-            while (rank := slots.least_loaded(depth)) is not None:
-                task = source.next_task()
-                if task is None:
-                    break
-                state.running[task.id], sent[task.id] = (rank, task), time.time()
-                order[rank].append(task.id)
-                if task.time_limit is not None:
-                    heapq.heappush(watch, (sent[task.id] + task.time_limit + grace, task.id))
-                slots.change(rank, 1)
-                send(task, rank)
-                event = True
+            event = loop.fill() or event
             if source.finished() and not state.running:
                 break
-            unticked = unticked or event
-            if now - last_tick >= (min(TICK_BUSY, tick) if unticked else tick):
-                source.on_tick(state)
-                last_tick, unticked = now, False
+            loop.tick(now, event)
             if event:
                 backoff.reset()
             else:
@@ -304,7 +351,7 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
     finally:
         stopped = [rank for rank in range(1, comm.size) if rank not in state.lost]
         for rank in stopped:
-            send(Stop(), rank)
+            loop.send(Stop(), rank)
     gc.unfreeze()
     _read_until_stopped(comm, stopped)
     state.ended = True

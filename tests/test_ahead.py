@@ -33,8 +33,9 @@ def test_children_bred_ahead_are_adopted_and_hear_the_tells():
     assert [c.id for c in cands] == list(range(200))
     assert len({c.genome.key for c in cands}) == 200
     assert all(c.params is not None and c.params > 0 for c in cands)  # counted by the helper
-    assert engine.num_told == 200 and engine.pending == () and engine.next_id == 200
-    assert all(engine.has_seen(c.genome) for c in cands)
+    assert engine.num_told == 200 and engine.pending == ()
+    assert engine.seed([c.genome for c in cands]) == 0  # every child is seen: a warm start would skip them all
+    assert engine.ask().id == 200  # ids go on after the adopted children
     assert all(p < c.id for c in cands for p in c.parents)
     assert [c.origin for c in cands[:2]] == ["prior", "prior"]  # the helper asks its engine's priors first
     bred = [c for c in cands if c.parents]

@@ -6,6 +6,7 @@ import pytest
 from galapagos.evolve.errors import ConfigError
 from galapagos.evolve.train import TrainConfig
 from galapagos.config import SECTIONS, Config, EnsembleConfig, load_config, parse_value
+from galapagos.options import TRAIN_TASK
 
 
 def test_layers_of_config(tmp_path):
@@ -71,3 +72,13 @@ def test_tables_accept_ints_for_floats_and_lists_for_tuples():
         EnsembleConfig(strategy="best")  # built directly, a table checks itself the same way
     with pytest.raises(ConfigError, match=r"^train\.mixed_precision: expected true or false, got 1$"):
         TrainConfig(mixed_precision=1)
+
+
+def test_a_config_written_before_the_one_namespace_runs_galapagos_s_own_task(tmp_path):
+    """Run directories of before 0.2 name the default task by its old top-level module; --resume reads them."""
+    old = tmp_path / "config.toml"
+    old.write_text('[run]\ntask = "evolve.train:train_task"\nevaluations = 4\n')
+    assert load_config(old).run.task == TRAIN_TASK == "galapagos.evolve.train:train_task"
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[run]\ntask = "mylab.tasks:train"\n')
+    assert load_config(mine).run.task == "mylab.tasks:train"

@@ -6,6 +6,7 @@ import collections
 import json
 import math
 import statistics
+from types import SimpleNamespace
 
 import pytest
 
@@ -15,6 +16,7 @@ from galapagos.evolve.genome import Genome
 from galapagos.evolve.priors import prior_genomes
 from galapagos.evolve.problem import Problem
 from galapagos.evolve.space import SearchSpace
+from galapagos.store.journal import JournalRecord
 
 SPACE = SearchSpace(channels=(4, 8, 16), units=(8, 16, 32), max_layers=8)
 TABULAR = Problem((10,), "classification", 3)
@@ -26,14 +28,14 @@ def synthetic_fitness(genome: Genome) -> float:
     return -abs(genome.num_layers - 6) - abs(math.log10(genome.lr) + 2.5 - (genome.optimizer == "sgd"))
 
 
-def record(c: Candidate, fitness: float | None, status: str = "ok") -> dict:
-    """A results.jsonl line as the launcher writes it (through JSON, as on disk)."""
-    return json.loads(json.dumps(
+def record(c: Candidate, fitness: float | None, status: str = "ok") -> JournalRecord:
+    """A results.jsonl line as the launcher writes it, read back (through JSON, as on disk)."""
+    return JournalRecord.from_dict(json.loads(json.dumps(
         {"id": c.id, "genome": c.genome.to_json(), "parents": list(c.parents), "fitness": fitness, "status": status}
-    ))
+    )))
 
 
-def drive(engine: Engine, n: int, fitness=synthetic_fitness, fail_every: int = 0) -> list[dict]:
+def drive(engine: Engine, n: int, fitness=synthetic_fitness, fail_every: int = 0) -> list[JournalRecord]:
     """Ask and tell n times sequentially; every fail_every-th evaluation fails."""
     out = []
     for i in range(n):
@@ -125,12 +127,12 @@ def test_pending_asks_count_towards_the_random_phase():
 def test_no_duplicate_keys_and_failures_are_worst():
     engine = Engine(SPACE, IMAGE, EvolutionConfig(population_size=10, seed=3))
     records = drive(engine, 400, fail_every=5)
-    keys = [r["genome"] for r in records]
+    keys = [r.genome for r in records]
     assert len({json.dumps(k, sort_keys=True) for k in keys}) == 400
     best_id, best_genome, best_fit = engine.best
-    oks = [r for r in records if r["fitness"] is not None]
-    assert best_fit == max(r["fitness"] for r in oks)
-    assert best_genome == Genome.from_json(records[best_id]["genome"])
+    oks = [r for r in records if r.fitness is not None]
+    assert best_fit == max(r.fitness for r in oks)
+    assert best_genome == Genome.from_json(records[best_id].genome)
     # a failure (None) or NaN never becomes the best; tell accepts all of them
     c = engine.ask()
     engine.tell(c.id, float("nan"), "nan")
@@ -165,7 +167,8 @@ def test_only_finished_trainings_join_the_population():
     engine.tell(cands[3].id, float("nan"), "nan")
     engine.tell(cands[4].id, 0.4)
     assert [c.id for c, _ in engine.population] == [0, 4]
-    assert engine.num_told == 5 and engine.best[0] == 0 and engine.has_seen(cands[1].genome)
+    assert engine.num_told == 5 and engine.best[0] == 0
+    assert engine.seed([cands[1].genome]) == 0  # the pruned genome is seen all the same: never proposed again
 
 
 def test_out_of_order_tells():
@@ -179,7 +182,7 @@ def test_out_of_order_tells():
 def test_deterministic_for_seed_and_tells():
     def run(seed):
         engine = Engine(SPACE, IMAGE, EvolutionConfig(population_size=8, seed=seed))
-        return [(r["id"], json.dumps(r["genome"], sort_keys=True), r["parents"]) for r in drive(engine, 60)]
+        return [(r.id, json.dumps(r.genome, sort_keys=True), r.parents) for r in drive(engine, 60)]
 
     assert run(5) == run(5)
     assert run(5) != run(6)
@@ -188,8 +191,8 @@ def test_deterministic_for_seed_and_tells():
 def test_random_strategy():
     engine = Engine(SPACE, IMAGE, EvolutionConfig(strategy="random", population_size=4, seed=2))
     records = drive(engine, 80)
-    assert all(r["parents"] == [] for r in records)
-    assert len({json.dumps(r["genome"], sort_keys=True) for r in records}) == 80
+    assert all(r.parents == [] for r in records)
+    assert len({json.dumps(r.genome, sort_keys=True) for r in records}) == 80
 
 
 def test_exhausted_space_raises_clearly():
@@ -213,7 +216,7 @@ def test_replay_reproduces_state_and_continues():
     resumed = Engine(SPACE, IMAGE, cfg)
     assert resumed.replay(records) == 50
     assert resumed.num_told == original.num_told == 50
-    assert resumed.next_id == 50 and resumed.pending == ()
+    assert resumed.pending == ()  # and its ids go on from 50 (below)
     assert [(c.id, c.genome.key, f) for c, f in resumed.population] == [
         (c.id, c.genome.key, f) for c, f in original.population
     ]
@@ -223,9 +226,9 @@ def test_replay_reproduces_state_and_continues():
     more_original = drive(original, 30)
     more_resumed = drive(resumed, 30)
     assert more_resumed == more_original
-    seen = {json.dumps(r["genome"], sort_keys=True) for r in records}
-    assert all(json.dumps(r["genome"], sort_keys=True) not in seen for r in more_resumed)
-    assert [r["id"] for r in more_resumed] == list(range(50, 80))
+    seen = {json.dumps(r.genome, sort_keys=True) for r in records}
+    assert all(json.dumps(r.genome, sort_keys=True) not in seen for r in more_resumed)
+    assert [r.id for r in more_resumed] == list(range(50, 80))
 
 
 def test_replay_skips_lost_pending_ids_and_never_reproposes_seen_keys():
@@ -239,11 +242,10 @@ def test_replay_skips_lost_pending_ids_and_never_reproposes_seen_keys():
 
     resumed = Engine(SPACE, TABULAR, cfg)
     resumed.replay(records)
-    assert resumed.next_id == finished.id + 1
-    seen = {json.dumps(r["genome"], sort_keys=True) for r in records}
-    for _ in range(60):
+    seen = {json.dumps(r.genome, sort_keys=True) for r in records}
+    for i in range(60):
         c = resumed.ask()
-        assert c.id > finished.id
+        assert c.id == finished.id + 1 + i  # ids go on after the largest told
         assert json.dumps(c.genome.to_json(), sort_keys=True) not in seen
         resumed.tell(c.id, synthetic_fitness(c.genome))
 
@@ -257,7 +259,7 @@ def test_replay_of_short_journal_stays_in_random_phase_and_ignores_duplicates():
     assert all(resumed.ask().origin == "random" for _ in range(6))  # 4 told + 6 asked = population_size
     assert resumed.ask().origin in ("mutation", "crossover")
     with pytest.raises(ValueError, match="record 0"):
-        Engine(SPACE, TABULAR, cfg).replay([{"genome": records[0]["genome"]}])
+        Engine(SPACE, TABULAR, cfg).replay([SimpleNamespace(genome=records[0].genome)])
 
 
 # --- it optimises ---

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 from galapagos.ensemble.members import SEED_BASE, choose_members
-from galapagos.store.ensembledir import EnsembleError, load_manifest, member_dir
+from galapagos.store.ensembledir import EnsembleDir, EnsembleError, load_manifest
+from galapagos.store.journal import JournalRecord
 from galapagos.examples import shapes
 from galapagos import cli
-from galapagos.flows.prediction import load_network
+from galapagos.models import load_network
 from tests.mpirun import describe_run, run_mpi
 from tests.test_evolve_run import SMALL, galapagos, journal
 
@@ -37,8 +38,8 @@ def design(shapes_file, tmp_path_factory) -> tuple[Path, str]:
     return out, proc.stdout
 
 
-def _record(i: int, fitness: float | None, key: str, status: str = "ok") -> dict:
-    return {"id": i, "fitness": fitness, "key": key, "status": status, "genome": {"k": key}}
+def _record(i: int, fitness: float | None, key: str, status: str = "ok") -> JournalRecord:
+    return JournalRecord(i, {"k": key}, status, fitness, key=key)
 
 
 # -- the plan of members (no MPI) --------------------------------------------------------------------------------
@@ -93,9 +94,9 @@ def test_ensemble_from_a_run_and_resume(design, shapes_file, tmp_path):
     assert manifest.selection["trace"] == sorted(manifest.selection["trace"], reverse=True)
     assert len(manifest.selection["picks"]) <= 10
     for m in manifest.members:
-        saved = json.loads((member_dir(out, m.name) / "metrics.json").read_text())
+        saved = json.loads((EnsembleDir(out).member(m.name) / "metrics.json").read_text())
         assert set(saved) >= {"problem", "fitness", "metrics", "params", "seed", "origin"} and saved["seed"] == m.seed
-        _, genome, problem = load_network(member_dir(out, m.name))  # a member directory is a network directory
+        _, genome, problem = load_network(EnsembleDir(out).member(m.name))  # a member directory is a network directory
         assert problem == manifest.problem and genome.key == saved["key"]
     metrics = json.loads((out / "metrics.json").read_text())
     assert metrics["selection"]["ensemble"] <= metrics["selection"]["single_best"]  # never worse than one member
@@ -109,7 +110,7 @@ def test_ensemble_from_a_run_and_resume(design, shapes_file, tmp_path):
     lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
     last = json.loads(lines[-1])
     (out / "results.jsonl").write_text("".join(lines[:-1]))
-    shutil.rmtree(member_dir(out, last["name"]))
+    shutil.rmtree(EnsembleDir(out).member(last["name"]))
     (out / "ensemble.json").unlink()
     proc = run_mpi(3, ["-m", "galapagos.cli", "ensemble", "--from", run, "--data", shapes_file, "--out", out,
                        "--resume"], timeout=180)
@@ -133,7 +134,7 @@ def test_a_crashed_member_is_recorded_and_the_rest_make_the_ensemble(design, sha
     manifest = load_manifest(out)
     crashed = [m for m in manifest.members if m.name == by_id[1]["name"]]
     assert crashed and crashed[0].status == "crashed" and crashed[0].weight == 0
-    assert not member_dir(out, by_id[1]["name"]).exists()
+    assert not EnsembleDir(out).member(by_id[1]["name"]).exists()
     assert {m.name for m in manifest.used} <= {by_id[0]["name"], by_id[2]["name"]}
     metrics = json.loads((out / "metrics.json").read_text())
     assert set(metrics["test"]["members"]) == {by_id[0]["name"], by_id[2]["name"]}
@@ -145,7 +146,7 @@ def test_no_member_trained_is_a_clear_error(design, shapes_file, tmp_path):
 
     run, _ = design
     job = prepare(run, shapes_file, tmp_path / "ens", overrides={"ensemble.members": 2})
-    failed = [{"id": i, "name": s.name, "status": "crashed"} for i, s in enumerate(job.specs)]
+    failed = [JournalRecord(i, s.genome, "crashed", name=s.name) for i, s in enumerate(job.specs)]
     with pytest.raises(EnsembleError, match="no ensemble member trained successfully .crashed 2."):
         finish(job, failed)
 
@@ -180,14 +181,14 @@ def test_selection_weights_reproduce_the_saved_metrics(design, shapes_file):
     """The manifest's weights applied to the members' own predictions give the saved ensemble metrics."""
     from galapagos.datashare.format import load
     from galapagos.ensemble.metrics import classification_metrics
-    from galapagos.flows.prediction import predict_outputs
+    from galapagos.models import predict_outputs
 
     run, _ = design
     ens = run / "ensemble"
     manifest = load_manifest(ens)
     _, splits = load(shapes_file, ("test",))
     x, y = splits["test"]
-    preds = [predict_outputs(load_network(member_dir(ens, m.name))[0], x, manifest.problem) for m in manifest.used]
+    preds = [predict_outputs(load_network(ens / "members" / m.name)[0], x, manifest.problem) for m in manifest.used]
     probs = np.tensordot(np.array([m.weight for m in manifest.used]), np.stack(preds), axes=1)
     saved = json.loads((ens / "metrics.json").read_text())["test"]["ensemble"]
     assert classification_metrics(probs, y)["nll"] == pytest.approx(saved["nll"], rel=1e-6)

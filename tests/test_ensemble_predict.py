@@ -12,11 +12,12 @@ import torch
 
 from galapagos.ensemble.average import assigned, average
 from galapagos.ensemble.metrics import classification_metrics, regression_metrics
-from galapagos.store.ensembledir import EnsembleError, load_manifest, member_dir, save_manifest
+from galapagos.store.ensembledir import EnsembleDir, EnsembleError, load_manifest, save_manifest
 from galapagos.examples import cosmoflow, shapes
 from galapagos.examples.random_ensemble import write_random_ensemble
 from galapagos.cli import main
-from galapagos.flows.prediction import _device, load_network, predict, predict_ensemble, predict_outputs
+from galapagos.flows.prediction import _device, predict, predict_ensemble
+from galapagos.models import load_network, predict_outputs
 from tests.mpirun import describe_run, run_mpi
 from tests.test_evolve_run import galapagos
 
@@ -63,7 +64,7 @@ def member_outputs(ens: Path, data: Path, split: str, batch: int) -> tuple[np.nd
     device = _device(None, len(manifest.used))  # where predict_ensemble runs them in one process
     outs = []
     for m in manifest.used:
-        model, _, problem = load_network(member_dir(ens, m.name), device)
+        model, _, problem = load_network(EnsembleDir(ens).member(m.name), device)
         outs.append(predict_outputs(model, x, problem, batch=batch, device=device))
     return np.stack(outs).astype(np.float64), y, manifest.used
 
@@ -114,7 +115,7 @@ def test_classification_average_in_one_process(shapes_ens, tmp_path):
     assert res["uncertainty"]["mutual_information"] == pytest.approx(saved["mutual_information"].mean())
     assert set(res["members"]) == {m.name for m in used}
     for m in used:  # a member's scores in the ensemble are its scores as a single network
-        alone = predict(member_dir(ens, m.name), data, "test", batch=32, device=_device(None, len(used)))
+        alone = predict(EnsembleDir(ens).member(m.name), data, "test", batch=32, device=_device(None, len(used)))
         got = res["members"][m.name]
         assert got["weight"] == m.weight
         for k in ("accuracy", "nll", "ece"):
@@ -218,7 +219,7 @@ def test_self_start_and_single_network_under_mpi(cosmo_ens, tmp_path):
     np.testing.assert_allclose(read_h5(tmp_path / "p.h5")[0]["std"], read_h5(tmp_path / "one.h5")[0]["std"],
                                rtol=RTOL, atol=ATOL)
 
-    single = run_mpi(2, ["-m", "galapagos.cli", "predict", "--model", member_dir(ens, "m001"), "--data", data,
+    single = run_mpi(2, ["-m", "galapagos.cli", "predict", "--model", EnsembleDir(ens).member("m001"), "--data", data,
                          "--json"], timeout=120)
     assert single.returncode == 0, describe_run(single)
     lines = single.stdout.strip().splitlines()
@@ -240,7 +241,7 @@ def _cli(capsys, *args) -> tuple[int, str, str]:
 
 def test_missing_member_file_is_a_clear_error(cosmo_ens, tmp_path, capsys):
     ens = _broken_copy(cosmo_ens[0], tmp_path)
-    (member_dir(ens, "m001") / "model.pt").unlink()
+    (EnsembleDir(ens).member("m001") / "model.pt").unlink()
     code, out, err = _cli(capsys, "--model", ens, "--data", cosmo_ens[1])
     assert code == 2 and not out
     assert err.startswith("galapagos predict: error:") and "m001" in err and "model.pt is missing" in err
@@ -274,7 +275,7 @@ def test_errors_under_mpi_reach_rank_0_and_no_rank_hangs(shapes_ens, cosmo_ens, 
     """A member that only rank 1 loads is broken, and a data file that only rank 0 reads does not fit: every rank
     stops, rank 0 alone reports the error, exit code 2."""
     ens = _broken_copy(shapes_ens[0], tmp_path)
-    (member_dir(ens, "m001") / "model.pt").write_bytes(b"not a state dict")
+    (EnsembleDir(ens).member("m001") / "model.pt").write_bytes(b"not a state dict")
     proc = run_mpi(2, ["-m", "galapagos.cli", "predict", "--model", ens, "--data", shapes_ens[1]], timeout=120)
     assert proc.returncode == 2, describe_run(proc)
     assert proc.stderr.count("galapagos predict: error:") == 1 and "m001" in proc.stderr, describe_run(proc)

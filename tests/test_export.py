@@ -12,7 +12,6 @@ import h5py
 import numpy as np
 import pytest
 
-from galapagos.store.ensembledir import member_dir
 from galapagos import api
 from tests.test_ensemble_predict import cosmo_ens, shapes_ens  # noqa: F401 - fixtures
 from tests.test_evolve_run import galapagos
@@ -71,7 +70,7 @@ def formats() -> list:
 @pytest.mark.parametrize("what", ["shapes ensemble", "cosmoflow ensemble", "one network"])
 def test_export_matches_predict(what, fmt, shapes_ens, cosmo_ens, tmp_path):  # noqa: F811
     ens, data = cosmo_ens if what.startswith("cosmoflow") else shapes_ens
-    model = member_dir(ens, sorted(p.name for p in (ens / "members").iterdir())[0]) if what == "one network" else ens
+    model = sorted((ens / "members").iterdir())[0] if what == "one network" else ens
     x, expected = predicted(model, data, tmp_path)
     info = api.export(model, tmp_path / f"model.{fmt}", fmt)
     assert info["input"] == [None, *x.shape[1:]] and info["output"] == [None, expected.shape[1]]

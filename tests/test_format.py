@@ -63,8 +63,8 @@ def test_round_trip_every_dtype_and_rank(tmp_path: Path, dtype: str, spatial: in
     written = write_dataset(path, splits, task="classification", num_classes=4, name="rt", description="test")
     info = inspect(path)
     assert info == written
-    assert (info.task, info.num_classes, info.num_targets, info.output_size) == ("classification", 4, 4, 4)
-    assert info.sample_shape == sample and info.spatial_dims == spatial and info.is_tabular == (spatial == 0)
+    assert (info.task, info.num_classes, info.num_targets) == ("classification", 4, 4)
+    assert info.sample_shape == sample and info.spatial_dims == spatial
     assert info.x_dtype == dtype and info.splits == {"train": 30, "val": 6, "test": 5}
     assert (info.name, info.description, info.target_names) == ("rt", "test", None)
     assert validate(path) == info
@@ -84,7 +84,7 @@ def test_regression_round_trip_with_target_names(tmp_path: Path) -> None:
     path = tmp_path / "r.h5"
     write_dataset(path, {"train": (x, y)}, task="regression", target_names=["mass", "spin"])
     info = validate(path)
-    assert (info.task, info.num_classes, info.num_targets, info.output_size) == ("regression", None, 2, 2)
+    assert (info.task, info.num_classes, info.num_targets) == ("regression", None, 2)
     assert info.target_names == ("mass", "spin") and info.sample_shape == (3,) and info.spatial_dims == 0
     _, data = load(path, ("train", "test"), val_fraction=0.25)
     assert "test" not in data

@@ -1,6 +1,7 @@
 """Several objectives: dominance, the incremental front, NSGA-II in the engine, picks by id or constraint."""
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -12,6 +13,7 @@ from galapagos.evolve.check import count_params
 from galapagos.evolve.engine import Engine, EvolutionConfig
 from galapagos.evolve.errors import ConfigError
 from galapagos.evolve.pareto import Front, best_pick, dominates, nsga2_rank, nsga2_survivors, objective_values, parse_pick
+from galapagos.store.journal import JournalRecord
 from tests.test_engine import IMAGE, SPACE, record, synthetic_fitness
 from tests.test_evolve_run import SMALL, galapagos, shapes_file  # noqa: F401 - fixture
 
@@ -43,11 +45,11 @@ def test_dominance_and_the_incremental_front_match_the_definition():
 
 
 def test_objective_values_read_the_journal_record_and_refuse_missing_ones():
-    rec = {"fitness": 0.9, "params": 1200, "metrics": {"latency_ms": 0.4}}
+    rec = JournalRecord(0, {}, "ok", 0.9, {"latency_ms": 0.4}, params=1200)
     assert objective_values(rec, ("fitness", "params", "latency")) == (0.9, 1200.0, 0.4)
-    assert objective_values({**rec, "metrics": {}}, ("fitness", "latency")) is None
-    assert objective_values({**rec, "fitness": None}, ("fitness",)) is None
-    assert objective_values({**rec, "fitness": math.nan}, ("fitness",)) is None
+    assert objective_values(dataclasses.replace(rec, metrics={}), ("fitness", "latency")) is None
+    assert objective_values(dataclasses.replace(rec, fitness=None), ("fitness",)) is None
+    assert objective_values(dataclasses.replace(rec, fitness=math.nan), ("fitness",)) is None
 
 
 def test_nsga2_keeps_whole_fronts_then_the_least_crowded():
@@ -69,22 +71,22 @@ def test_config_refuses_bad_objectives():
         assert words in str(e.value)
 
 
-def drive(engine: Engine, n: int) -> list[dict]:
+def drive(engine: Engine, n: int) -> list[JournalRecord]:
     """Ask and tell n times; objectives: the synthetic fitness and the genome's parameter count."""
     out = []
     for _ in range(n):
         c = engine.ask()
-        rec = {**record(c, synthetic_fitness(c.genome)), "params": count_params(c.genome, IMAGE)}
-        engine.tell(c.id, rec["fitness"], "ok", objective_values(rec, OBJ))
+        rec = dataclasses.replace(record(c, synthetic_fitness(c.genome)), params=count_params(c.genome, IMAGE))
+        engine.tell(c.id, rec.fitness, "ok", objective_values(rec, OBJ))
         out.append(rec)
     return out
 
 
-def hypervolume(records: list[dict], ref: tuple[float, float]) -> float:
+def hypervolume(records: list[JournalRecord], ref: tuple[float, float]) -> float:
     """Area dominated by the records' front in (fitness up, log10 params down) above the reference point."""
     front = Front(OBJ)
     for r in records:
-        front.add(r["id"], (r["fitness"], r["params"]))
+        front.add(r.id, (r.fitness, r.params))
     pts = sorted(((f, math.log10(p)) for f, p in front.members.values()), key=lambda t: t[1])
     area, best = 0.0, ref[0]
     for (f, lp), nxt in zip(pts, [p[1] for p in pts[1:]] + [ref[1]]):
@@ -99,13 +101,13 @@ def test_the_engine_breeds_from_the_nsga2_elite_and_replays_it():
     records = drive(engine, 60)
     elite = engine.elite
     assert len(elite) == 8
-    told = {r["id"]: (r["fitness"], float(r["params"])) for r in records}
+    told = {r.id: (r.fitness, float(r.params)) for r in records}
     assert all(told[c.id] == v for c, v in elite)
     front = brute_front(told)
     if len(front) <= 8:  # an elitist population loses no point of the front while the front fits in it
         assert front <= {c.id for c, _ in elite}
-    bred = [r for r in records if r["parents"]]
-    assert bred and all(set(r["parents"]) <= {x["id"] for x in records} for r in bred)
+    bred = [r for r in records if r.parents]
+    assert bred and all(set(r.parents) <= {x.id for x in records} for r in bred)
     resumed = Engine(SPACE, IMAGE, cfg)
     resumed.replay(records)
     assert [(c.id, v) for c, v in resumed.elite] == [(c.id, v) for c, v in elite]
@@ -122,14 +124,14 @@ def test_nsga2_finds_a_better_front_than_random_search():
 
 
 def test_picks_by_id_or_by_constraints():
-    recs = [{"id": 1, "fitness": 0.9, "params": 5000, "metrics": {"latency_ms": 2.0}},
-            {"id": 2, "fitness": 0.8, "params": 800, "metrics": {"latency_ms": 0.5}},
-            {"id": 3, "fitness": 0.7, "params": 300, "metrics": {}}]
-    assert best_pick(recs, "2")["id"] == 2
-    assert best_pick(recs, "params<=1000")["id"] == 2
-    assert best_pick(recs, "params < 1e4, latency<=1")["id"] == 2
+    recs = [JournalRecord(1, {}, "ok", 0.9, {"latency_ms": 2.0}, params=5000),
+            JournalRecord(2, {}, "ok", 0.8, {"latency_ms": 0.5}, params=800),
+            JournalRecord(3, {}, "ok", 0.7, {}, params=300)]
+    assert best_pick(recs, "2").id == 2
+    assert best_pick(recs, "params<=1000").id == 2
+    assert best_pick(recs, "params < 1e4, latency<=1").id == 2
     assert best_pick(recs, "latency<0.1") is None
-    assert best_pick(recs, "fitness>=0.85")["id"] == 1
+    assert best_pick(recs, "fitness>=0.85").id == 1
     for bad in ("small", "params<=lots", "depth<=3", "params=<3"):
         with pytest.raises(ValueError, match="--pick") as e:
             parse_pick(bad)
@@ -146,9 +148,9 @@ def test_a_run_with_three_objectives_keeps_its_front_and_predict_and_ensemble_pi
     proc = galapagos("evolve", "--data", shapes_file, "--out", run, "--evaluations", 12, "--workers", 2, "--resume",
                      timeout=300)
     assert proc.returncode == 0, proc.stderr
-    records = [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines()]
-    ok = {r["id"]: r for r in records if r["status"] == "ok"}
-    assert len(records) == 12 and all(r["metrics"]["latency_ms"] > 0 for r in ok.values())
+    records = [JournalRecord.from_dict(json.loads(line)) for line in (run / "results.jsonl").read_text().splitlines()]
+    ok = {r.id: r for r in records if r.status == "ok"}
+    assert len(records) == 12 and all(r.metrics["latency_ms"] > 0 for r in ok.values())
     pareto = json.loads((run / "pareto.json").read_text())
     assert pareto["objectives"] == [["fitness", "max"], ["params", "min"], ["latency", "min"]]
     members = {m["id"]: m for m in pareto["members"]}
@@ -157,7 +159,7 @@ def test_a_run_with_three_objectives_keeps_its_front_and_predict_and_ensemble_pi
         dominates(objective_values(o, three), objective_values(r, three), (1, -1, -1)) for o in ok.values())}
     assert {d.name for d in (run / "front").iterdir()} == {str(i) for i in members}
     for i in members:
-        assert json.loads((run / "front" / str(i) / "genome.json").read_text()) == ok[i]["genome"]
+        assert json.loads((run / "front" / str(i) / "genome.json").read_text()) == ok[i].genome
 
     report = json.loads(galapagos("report", run, "--json").stdout)
     assert [m["id"] for m in report["pareto"]["members"]] == [m["id"] for m in pareto["members"]]
@@ -178,7 +180,7 @@ def test_a_run_with_three_objectives_keeps_its_front_and_predict_and_ensemble_pi
                      timeout=300)
     assert proc.returncode == 0, proc.stderr
     plan = json.loads((tmp_path / "ens" / "plan.json").read_text())
-    assert plan and all(ok[m["origin"]["id"]]["params"] <= smallest["params"] for m in plan)
+    assert plan and all(ok[m["origin"]["id"]].params <= smallest["params"] for m in plan)
 
 
 def test_predict_pick_needs_a_run_with_a_front(shapes_file, tmp_path):  # noqa: F811

@@ -9,6 +9,7 @@ from galapagos.evolve.genome import SPATIAL_TYPES
 from galapagos.evolve.priors import prior_genomes
 from galapagos.evolve.problem import Problem
 from galapagos.evolve.space import SearchSpace
+from galapagos.store.journal import JournalRecord
 from tests.test_engine import synthetic_fitness
 
 PROBLEMS = {
@@ -109,8 +110,8 @@ def test_priors_fill_only_the_initial_population_after_seeds_and_are_not_repeate
     records = []
     for c in asked:
         engine.tell(c.id, synthetic_fitness(c.genome))
-        records.append({"id": c.id, "genome": c.genome.to_json(), "parents": list(c.parents), "origin": c.origin,
-                        "fitness": synthetic_fitness(c.genome)})
+        records.append(JournalRecord(c.id, c.genome.to_json(), "ok", synthetic_fitness(c.genome),
+                                     parents=list(c.parents), origin=c.origin))
     assert engine.ask().origin in ("mutation", "crossover")
     resumed = Engine(space, problem, config)
     resumed.replay(records[:2])  # the run stopped after the first prior: the second is asked, not the first again

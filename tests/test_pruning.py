@@ -9,8 +9,9 @@ import pytest
 from galapagos.evolve.engine import Engine
 from galapagos.evolve.problem import Problem
 from galapagos.config import load_config
-from galapagos.flows.evolution import EvolutionSource
+from galapagos.flows.evolution_source import EvolutionSource
 from galapagos.reports.progress import ProgressView
+from galapagos.store.journal import JournalRecord
 from galapagos.store.rundir import RunDir
 from galapagos.launch.protocol import Progress, Result, Status, Task
 
@@ -51,7 +52,7 @@ def finish(source: EvolutionSource, curve: list[float]) -> Task:
     return t
 
 
-def journal(source: EvolutionSource) -> list[dict]:
+def journal(source: EvolutionSource) -> list[JournalRecord]:
     return source.run.read_journal()
 
 
@@ -154,11 +155,11 @@ def test_a_pruned_result_is_journalled_as_pruned(tmp_path):
     records = journal(source)
     assert len(records) == 4
     last = records[-1]
-    assert last["id"] == t.id and last["status"] == "pruned"
-    assert last["fitness"] == pytest.approx(0.41)
-    assert last["curve"] == pytest.approx([0.41, 0.4])
-    assert last["rank"] == 2 and last["host"] == "nodeA"
-    assert [r["status"] for r in records[:3]] == ["ok", "ok", "ok"]
+    assert last.id == t.id and last.status == "pruned"
+    assert last.fitness == pytest.approx(0.41)
+    assert last.curve == pytest.approx([0.41, 0.4])
+    assert last.rank == 2 and last.host == "nodeA"
+    assert [r.status for r in records[:3]] == ["ok", "ok", "ok"]
     shown = source.snapshot()
     assert shown.done == 4
     assert shown.by_status == {"ok": 3, "pruned": 1}  # pruning is not a failure
@@ -170,7 +171,7 @@ def test_a_cancelled_task_is_not_journalled(tmp_path):
     t = task(source)
     report(source, t, [0.9])
     result(source, t, Status.CANCELLED, None)
-    assert [r["id"] for r in journal(source)] == [0, 1, 2]
+    assert [r.id for r in journal(source)] == [0, 1, 2]
     assert source.snapshot().done == 3 and not source.finished()
 
 
@@ -197,5 +198,5 @@ def test_fresh_and_inheriting_candidates_are_judged_against_their_own_kind(tmp_p
     fresh, child = _asked(source, inheriting=False), _asked(source, inheriting=True)
     assert report(source, fresh, [0.6, 0.6, 0.6]) == [None, None, None]  # above the fresh median, not pruned
     assert report(source, child, [0.6, 0.6]) == [None, Status.PRUNED]  # below its own kind's
-    records = {r["id"]: r for r in journal(source)}
-    assert all(("inherits" in records[i]) for i in records if records[i]["curve"] == [0.9] * 6)
+    records = {r.id: r for r in journal(source)}
+    assert all(records[i].inherits is not None for i in records if records[i].curve == [0.9] * 6)

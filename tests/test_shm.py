@@ -146,9 +146,11 @@ def test_views_survive_close_and_zero_size_segments_work() -> None:
     empty.close()
 
 
-def test_from_arrays_copies_into_shared_memory() -> None:
+def test_local_arrays_copy_into_shared_memory() -> None:
     src = {"a": np.arange(12.0).reshape(3, 4)[:, ::2], "b": np.array([1, 2, 3], np.uint8)}
-    with SharedArrays.from_arrays(src) as sa:
+    with SharedArrays.create(specs_of(src)) as sa:
+        for k, a in src.items():
+            sa.arrays[k][...] = a
         for k, a in src.items():
             np.testing.assert_array_equal(sa.arrays[k], a)
             assert sa.arrays[k].flags.writeable and sa.arrays[k].flags.c_contiguous

@@ -23,7 +23,8 @@ def test_seeds_are_asked_first_then_the_search_goes_on():
     assert [c.origin for c in asked] == ["seed"] * 4 + ["random"] * 2
     replayed = Engine(SPACE, IMAGE, EvolutionConfig(population_size=4, seed=2))
     replayed.replay([record(c, 0.5) for c in asked])  # --resume of a seeded run
-    assert all(replayed.has_seen(c.genome) for c in asked) and replayed.next_id == 6
+    assert replayed.seed([c.genome for c in asked]) == 0  # every replayed genome is seen: none is queued again
+    assert replayed.ask().id == 6
 
 
 def test_a_run_seeded_from_another(shapes_file, tmp_path):  # noqa: F811

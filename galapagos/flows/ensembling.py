@@ -22,7 +22,7 @@ from galapagos.datashare.format import DataError, inspect, load
 from galapagos.datashare.plan import dataset_plan
 from galapagos.ensemble.members import MemberSpec, choose_members
 from galapagos.ensemble.selection import Selection, combine, pixel_samples, select
-from galapagos.store.ensembledir import EnsembleError, Manifest, Member, member_dir, save_manifest
+from galapagos.store.ensembledir import EnsembleDir, EnsembleError, Manifest, Member, save_manifest
 from galapagos.evolve.check import count_params
 from galapagos.evolve.files import write_json
 from galapagos.evolve.genome import Genome
@@ -31,19 +31,18 @@ from galapagos.evolve.pareto import parse_pick
 from galapagos.evolve.problem import Problem
 from galapagos.evolve.task import TrainTask
 from galapagos.config import Config, ensemble_overrides, load_config
-from galapagos.flows.mpijob import Flow, end_when_done, setup_logging, starting
+from galapagos.flows.mpijob import Flow, setup_logging
+from galapagos.flows.session import MasterSession
 from galapagos.options import EnsembleOptions
 from galapagos.reports.progress import ProgressView, Snapshot
 from galapagos.flows.sources import JournalSource
 from galapagos.errors import RunDirError, UsageError
+from galapagos.store.journal import JournalRecord
 from galapagos.store.rundir import RunDir
 from galapagos.launch.protocol import Result, Setup, Status, Task
-from galapagos.launch.runtime import master_serve, stop_signal
-from galapagos.launch.session import master_start
+from galapagos.launch.runtime import stop_signal
 
 log = logging.getLogger(__name__)
-
-PLAN = "plan.json"
 
 
 @dataclass(frozen=True)
@@ -52,7 +51,7 @@ class EnsembleJob:
 
     source: RunDir  # the evolution run the members come from
     data: str
-    out: RunDir  # the ensemble directory (its journal is results.jsonl, as a run's)
+    out: EnsembleDir  # the ensemble directory
     config: Config
     problem: Problem
     specs: tuple[MemberSpec, ...]
@@ -65,22 +64,23 @@ def prepare(source: str | Path, data: str | Path, out: str | Path, *, sets: list
 
     The config is the run's own config.toml (or, with `resume`, the ensemble's), then `sets`, then `overrides`.
     """
-    src, dst = RunDir(source), RunDir(out)
+    src, dst = RunDir(source), EnsembleDir(out)
     if not src.journal.exists():
-        raise RunDirError(f"--from {source}: no results.jsonl (not a run directory)")
+        raise RunDirError(f"--from {source}: no {src.journal.name} (not a run directory)")
     best = NetworkDir(src.best)
     if not best.metrics_file.exists():
-        raise RunDirError(f"--from {source}: no best/metrics.json (no evaluation of the run finished)")
+        raise RunDirError(f"--from {source}: no {best.metrics_file.relative_to(src.path)} (no evaluation of the run "
+                          "finished)")
     try:
         problem = best.problem()
     except ModelError as exc:
         raise RunDirError(f"--from {exc}") from None
     if not dst.path.parent.exists():
         raise RunDirError(f"--out {dst.path}: parent directory {dst.path.parent} does not exist")
-    plan = dst.path / PLAN
+    plan = dst.plan
     if resume:
         if not plan.exists():
-            raise RunDirError(f"--resume: {dst.path} holds no ensemble build to resume (no {PLAN})")
+            raise RunDirError(f"--resume: {dst.path} holds no ensemble build to resume (no {plan.name})")
         config = load_config(dst.config, sets)
         changed = {k: v for k, v in (overrides or {}).items()
                    if getattr(config.ensemble, k.split(".")[1]) != v}  # the same values as the plan's are fine
@@ -108,7 +108,7 @@ def prepare(source: str | Path, data: str | Path, out: str | Path, *, sets: list
                 test = parse_pick(pick)
             except ValueError as exc:
                 raise UsageError(str(exc)) from None
-            records = [r for r in records if r.get("status") == "ok" and test(r)]
+            records = [r for r in records if r.status == "ok" and test(r)]
             if not records:
                 raise RunDirError(f"--pick {pick}: no finished evaluation of {source} meets it")
         try:
@@ -119,17 +119,17 @@ def prepare(source: str | Path, data: str | Path, out: str | Path, *, sets: list
     return EnsembleJob(src, str(data), dst, config, problem, tuple(specs), resume)
 
 
-def member_done(out: RunDir, record: dict) -> bool:
+def member_done(out: EnsembleDir, record: JournalRecord) -> bool:
     """A journalled member that --resume does not train again: a failure, or an ok one whose files are there."""
-    return record["status"] != Status.OK or NetworkDir(member_dir(out.path, record["name"])).complete()
+    return record.status != Status.OK or NetworkDir(out.member(record.name)).complete()
 
 
 class EnsembleSource(JournalSource):
     """One task per member, no pruning; every result is journalled the moment it arrives."""
 
-    def __init__(self, job: EnsembleJob, *, records: list[dict] = (), view: ProgressView | None = None):
-        done = {r["name"] for r in records if member_done(job.out, r)}
-        super().__init__(job.out, [r for r in records if r["name"] in done], view=view)
+    def __init__(self, job: EnsembleJob, *, records: list[JournalRecord] = (), view: ProgressView | None = None):
+        done = {r.name for r in records if member_done(job.out, r)}
+        super().__init__(job.out, [r for r in records if r.name in done], view=view)
         self.job = job
         cfg = job.config
         self.train = dataclasses.replace(cfg.train, epochs=cfg.ensemble.member_epochs(cfg.train.epochs))
@@ -142,7 +142,7 @@ class EnsembleSource(JournalSource):
             return None
         i = self.pending.pop(0)
         spec = self.job.specs[i]
-        net = NetworkDir(member_dir(self.job.out.path, spec.name))
+        net = NetworkDir(self.job.out.member(spec.name))
         net.path.mkdir(parents=True, exist_ok=True)
         self.running(i)
         payload = TrainTask(Genome.from_json(spec.genome), self.job.problem, self.train, seed=spec.seed,
@@ -154,7 +154,7 @@ class EnsembleSource(JournalSource):
 
     def on_result(self, r: Result) -> None:
         spec = self.job.specs[r.id]
-        net = NetworkDir(member_dir(self.job.out.path, spec.name))
+        net = NetworkDir(self.job.out.member(spec.name))
         builder = self.job.config.train.builder
         params = count_params(Genome.from_json(spec.genome), self.job.problem, builder)
         record = self.journal_result(r, {"name": spec.name, "genome": spec.genome, "key": spec.key,
@@ -173,60 +173,56 @@ class EnsembleSource(JournalSource):
         self.warn(f"member {spec.name}", r)
 
     def snapshot(self) -> Snapshot:
-        ok = [r["fitness"] for r in self.records if r["status"] == Status.OK]
+        ok = [r.fitness for r in self.records if r.status == Status.OK]
         return self._snapshot(total=len(self.job.specs), best=max(ok, default=None))
 
 
-def start_workers(comm: Any, job: EnsembleJob) -> Any:
+def start_workers(session: MasterSession, job: EnsembleJob) -> None:
     """Write the directory's config and plan, then send the workers their setup and the train/val data, as an
-    evolution run does. Returns master_start's hold on the shared data (close it after serving)."""
+    evolution run does."""
     run = job.config.run
-    with starting(comm):
-        for d in (job.out.path, job.out.path / "members", job.out.logs):
+    with session.starting():
+        for d in (job.out.path, job.out.members, job.out.logs):
             d.mkdir(parents=True, exist_ok=True)
         job.out.config.write_text(job.config.dumps())
         if not job.resume:
-            write_json(job.out.path / PLAN, [s.to_dict() for s in job.specs])
+            write_json(job.out.plan, [s.to_dict() for s in job.specs])
         plan, memory, _ = dataset_plan(job.data, ("train", "val"), val_fraction=run.val_fraction, seed=run.seed,
                                        chunk_bytes=run.chunk_mib << 20, readers=run.readers or "node")
-    return master_start(comm, Setup(run.task, str(job.out.logs)), plan, memory)
+    session.start(Setup(run.task, str(job.out.logs)), plan, memory)
 
 
-def master_build(comm: Any, job: EnsembleJob) -> dict | None:
+def master_build(session: MasterSession, job: EnsembleJob) -> dict | None:
     """Rank 0 of an ensemble build: train the members on the workers, then select and save.
 
     Returns the metrics, or None when a stop signal ended the build before every member was trained."""
     records = job.out.read_journal() if job.resume else []
-    shared = start_workers(comm, job)
+    session.while_serving(job.out.close)
+    start_workers(session, job)
     source = EnsembleSource(job, records=records)
     log.info("training %d of %d ensemble member(s) (%d epochs each, limit %.0f s) on %d worker(s)",
-             len(source.pending), len(job.specs), source.train.epochs, source.timeout, comm.size - 1)
-    try:
-        state = master_serve(comm, source, stop=stop_signal, lost_grace=job.config.run.lost_grace)
-    finally:
-        job.out.close()
-        if shared is not None:
-            shared.close()
-    end_when_done(comm, state)
+             len(source.pending), len(job.specs), source.train.epochs, source.timeout, session.workers)
+    state = session.serve(source, lost_grace=job.config.run.lost_grace)
     if source.cancelled or not source.finished():
         return None
     metrics = finish(job, source.records)
     return {**metrics, "lost_ranks": sorted(state.lost)} if state.lost else metrics
 
 
-def latest(records: list[dict]) -> dict[str, dict]:
+def latest(records: list[JournalRecord]) -> dict[str, JournalRecord]:
     """Each member's last journal record (a resumed build may have trained it again)."""
-    return {r["name"]: r for r in records}
+    return {r.name: r for r in records}
 
 
-def finish(job: EnsembleJob, records: list[dict], device: str = "cpu") -> dict:
+def finish(job: EnsembleJob, records: list[JournalRecord], device: str = "cpu") -> dict:
     """Selection on val, the manifest, and metrics of the ensemble and of each member on val and test."""
-    from galapagos.flows.prediction import load_network, predict_outputs, score
+    from galapagos.flows.prediction import score
+    from galapagos.models import load_network, predict_outputs
 
     by_name = latest(records)
-    ok = [s for s in job.specs if s.name in by_name and by_name[s.name]["status"] == Status.OK
+    ok = [s for s in job.specs if s.name in by_name and by_name[s.name].status == Status.OK
           and member_done(job.out, by_name[s.name])]
-    statuses = Counter(by_name[s.name]["status"] for s in job.specs if s.name in by_name)
+    statuses = Counter(by_name[s.name].status for s in job.specs if s.name in by_name)
     if not ok:
         counts = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
         raise EnsembleError(f"no ensemble member trained successfully ({counts}); see {job.out.journal} and "
@@ -235,7 +231,7 @@ def finish(job: EnsembleJob, records: list[dict], device: str = "cpu") -> dict:
     info, splits = load(job.data, ("val", "test"), val_fraction=run.val_fraction, seed=run.seed)
     preds: dict[str, list[np.ndarray]] = {split: [] for split in splits}
     for spec in ok:
-        model, _, _ = load_network(member_dir(job.out.path, spec.name), device)
+        model, _, _ = load_network(job.out.member(spec.name), device)
         for split, (x, _) in splits.items():
             preds[split].append(predict_outputs(model, x, job.problem, device=device))
     cfg = job.config.ensemble
@@ -244,7 +240,7 @@ def finish(job: EnsembleJob, records: list[dict], device: str = "cpu") -> dict:
         val, y_val, task = pixel_samples(val, y_val, task, job.problem.ignore_index)
     sel = select(val, y_val, task, max_rounds=cfg.max_rounds, init=cfg.init)
     weight = {s.name: float(w) for s, w in zip(ok, sel.weights)}
-    members = tuple(Member(s.name, weight.get(s.name, 0.0), s.seed, s.origin, by_name[s.name]["status"])
+    members = tuple(Member(s.name, weight.get(s.name, 0.0), s.seed, s.origin, by_name[s.name].status)
                     for s in job.specs if s.name in by_name)
     best_member = ok[int(np.argmin(sel.member_scores))].name
     selection = {**sel.to_dict(), "picks": [ok[i].name for i in sel.picks],
@@ -262,7 +258,7 @@ def finish(job: EnsembleJob, records: list[dict], device: str = "cpu") -> dict:
                                             predict_outputs(run_best, x, job.problem, device=device), y, info),
                           "members": {s.name: score(job.problem.task, p, y, info)
                                       for s, p in zip(ok, preds[split])}}
-    write_json(job.out.path / "metrics.json", metrics)
+    write_json(job.out.metrics, metrics)
     return metrics
 
 
@@ -276,20 +272,21 @@ def check(opts: EnsembleOptions) -> EnsembleJob:
                    overrides=ensemble_overrides(opts.members, opts.strategy))
 
 
-def build(comm: Any, job: EnsembleJob) -> dict:
+def build(session: MasterSession, job: EnsembleJob) -> dict:
     """Rank 0: train, select and score the checked ensemble job; the metrics, or where it stopped."""
     job.out.logs.mkdir(parents=True, exist_ok=True)
-    setup_logging(0, job.out.logs / "master.log")
-    metrics = master_build(comm, job)
+    setup_logging(0, job.out.master_log)
+    metrics = master_build(session, job)
     if metrics is None:
         return {"ensemble_dir": str(job.out.path), "stopped_by": stop_signal()}
     return {**metrics, "ensemble_dir": str(job.out.path)}
 
 
 def master(comm: Any, opts: EnsembleOptions) -> dict:
-    with starting(comm):
-        job = check(opts)
-    return build(comm, job)
+    with MasterSession(comm) as session:
+        with session.starting():
+            job = check(opts)
+        return build(session, job)
 
 
 FLOW = Flow("ensemble", check, master)

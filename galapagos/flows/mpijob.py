@@ -20,13 +20,12 @@ import threading
 import time
 import traceback
 from collections.abc import Callable
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from galapagos.errors import EXIT_USAGE, NoResult, UsageError
-from galapagos.launch.protocol import EXIT_CRASH, EXIT_LOST
+from galapagos.errors import NoResult, UsageError
+from galapagos.launch.protocol import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_LOST
 
 log = logging.getLogger("galapagos")
 
@@ -154,7 +153,7 @@ def check_wired(comm: Any) -> None:
     from galapagos.launch.mpi import launcher_rank, unwired
 
     if why := unwired(comm.size):
-        raise UsageError(why) if launcher_rank() == 0 else WorkerExit(EXIT_USAGE)
+        raise UsageError(why) if launcher_rank() == 0 else WorkerExit(EXIT_BAD_INPUT)
 
 
 def start_ranks(name: str, opts: Any, workers: int, salvage: Callable[[Any, int], dict | None] | None = None
@@ -272,20 +271,6 @@ def user_errors() -> tuple[type[Exception], ...]:
             JobScriptError)
 
 
-@contextmanager
-def starting(comm: Any):
-    """Rank 0 before it sets the workers up: on bad input (or a file it cannot write) the waiting workers are told
-    to leave, then the error is raised as a UsageError."""
-    from galapagos.launch.protocol import SetupFailed
-    from galapagos.launch.session import master_start
-
-    try:
-        yield
-    except (*user_errors(), ValueError, OSError) as exc:
-        master_start(comm, SetupFailed(str(exc)))
-        raise UsageError(str(exc)) from None
-
-
 def end_when_done(comm: Any, state: Any) -> None:
     """Worker ranks stopped answering (state.lost): once this process has written and printed everything, the job
     is aborted with EXIT_LOST (launch.session.abort_if_lost), since a stopped rank would never let it end."""
@@ -298,10 +283,12 @@ def end_when_done(comm: Any, state: Any) -> None:
 def abort(comm: Any, name: str, exc: BaseException, out: str | None) -> None:
     """Rank 0 failed unexpectedly: say why in one line (the traceback goes to OUT/log/crash-rank0.txt when it can),
     then end every rank of the job (MPI_Abort), so that none waits forever."""
+    from galapagos.store.rundir import JournalDir
+
     where = ""
-    if out and Path(out, "log").is_dir():
+    if out and JournalDir(out).logs.is_dir():
         try:
-            crash = Path(out, "log", "crash-rank0.txt")
+            crash = JournalDir(out).crash_file(0)
             crash.write_text("".join(traceback.format_exception(exc)))
             where = f"; traceback in {crash}"
         except OSError:

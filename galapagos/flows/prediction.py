@@ -6,18 +6,18 @@ import json
 import logging
 import os
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import h5py
 import numpy as np
 import torch
 
+from galapagos.models import load_network, model_dir, predict_outputs
 from galapagos.datashare.format import CLASS_TASKS, DataError, DatasetInfo, load
-from galapagos.ensemble.average import Averaged, assigned, average, first_error, member_output
+from galapagos.ensemble.average import Averaged, assigned, average, first_error
 from galapagos.ensemble.metrics import classification_metrics, field_metrics, regression_metrics, segmentation_metrics
-from galapagos.store.ensembledir import EnsembleError, Manifest, is_ensemble, load_manifest, member_dir
-from galapagos.evolve.genome import Genome
-from galapagos.evolve.netdir import ModelError, NetworkDir
+from galapagos.store.ensembledir import EnsembleDir, EnsembleError, Manifest, is_ensemble, load_manifest
 from galapagos.evolve.pareto import best_pick
 from galapagos.evolve.problem import Problem
 from galapagos.errors import UsageError
@@ -25,32 +25,6 @@ from galapagos.options import PredictOptions
 from galapagos.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
-
-
-def model_dir(path: str | Path) -> NetworkDir:
-    """The network `--model` names: a network directory, or a run directory meaning its best network."""
-    net = NetworkDir(path)
-    if NetworkDir(net.path / "best").genome_file.exists() and not net.genome_file.exists():
-        net = NetworkDir(net.path / "best")
-    if (missing := net.missing()) is not None:
-        raise ModelError(f"--model {path}: {missing} is missing (expected a run's best/ directory or an "
-                         "ensemble directory)")
-    return net
-
-
-def load_network(path: str | Path, device: str = "cpu") -> tuple[torch.nn.Module, Genome, Problem]:
-    net = model_dir(path)
-    try:
-        return net.load(device)
-    except ModelError as exc:
-        raise ModelError(f"--model {exc}") from None
-
-
-def predict_outputs(model: torch.nn.Module, x: np.ndarray, problem: Problem, *, batch: int = 1024,
-                    device: str = "cpu") -> np.ndarray:
-    """Class probabilities (N, K) or regression outputs (N, T), in batches."""
-    outs = [member_output(model, x[i:i + batch], problem.task, device) for i in range(0, len(x), batch)]
-    return np.concatenate(outs) if outs else np.zeros((0, problem.num_outputs), np.float32)
 
 
 def read_split(data: str | Path, split: str, problem: Problem) -> tuple[DatasetInfo, np.ndarray, np.ndarray]:
@@ -148,8 +122,7 @@ def load_members(root: str | Path, comm: Any, split: str, data: str | Path
     try:
         device = _device(comm, len(used))
         for i in assigned(len(used), rank, size):
-            path = member_dir(root, used[i].name)
-            model, _, problem = load_network(path, device)
+            model, _, problem = load_network(EnsembleDir(root).member(used[i].name), device)
             if problem != manifest.problem:
                 raise EnsembleError(f"{root}: member {used[i].name} was trained for {problem}, the ensemble is for "
                                     f"{manifest.problem}")
@@ -229,12 +202,12 @@ def pick_network(run: str | Path, spec: str) -> str:
     """`--model RUN --pick SPEC`: the directory of the member of the run's Pareto front that SPEC names."""
     pareto = RunDir(run).pareto
     if not pareto.exists():
-        raise UsageError(f"--pick: {run} has no pareto.json: only the directory of a run with several [evolution] "
+        raise UsageError(f"--pick: {run} has no {pareto.name}: only the directory of a run with several [evolution] "
                          "objectives keeps a Pareto front")
     try:
         members = json.loads(pareto.read_text())["members"]
-        chosen = best_pick([{**m, "metrics": {"latency_ms": m["latency_ms"]}} for m in members], spec)
-    except (OSError, KeyError, TypeError, json.JSONDecodeError) as exc:
+        chosen = best_pick([SimpleNamespace(**m, metrics={"latency_ms": m["latency_ms"]}) for m in members], spec)
+    except (OSError, KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
         raise UsageError(f"--pick: unreadable {pareto}: {exc!r}") from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
@@ -243,7 +216,7 @@ def pick_network(run: str | Path, spec: str) -> str:
                           f"{m['latency_ms'] if m['latency_ms'] is None else round(m['latency_ms'], 3)}"
                           for m in members)
         raise UsageError(f"--pick {spec}: no network on the Pareto front of {run} meets it; the front holds {front}")
-    return str(Path(run) / chosen["dir"])
+    return str(Path(run) / chosen.dir)
 
 
 def used_members(path: str | Path) -> int | None:
@@ -281,26 +254,3 @@ def run(opts: PredictOptions) -> dict | None:
         log.warning("--ranks %d ignored: this job has %d rank(s)", opts.ranks, comm.size)
     return predict_ensemble(opts.model, opts.data, opts.split, comm=comm if comm and comm.size > 1 else None,
                             save=opts.save, batch=opts.batch, per_member=opts.member_outputs)
-
-
-class Ensemble(torch.nn.Module):
-    """An ensemble directory's members as one module: their weighted mean class probabilities, or regression
-    outputs, as `predict` averages them."""
-
-    def __init__(self, members: list[torch.nn.Module], weights: list[float], task: str):
-        super().__init__()
-        self.members = torch.nn.ModuleList(members)
-        self.register_buffer("weights", torch.tensor(weights, dtype=torch.float32))
-        self.task = task
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        outs = [m(x).float() for m in self.members]
-        if self.task in CLASS_TASKS:
-            outs = [o.softmax(1) for o in outs]
-        return sum(w * o for w, o in zip(self.weights, outs))
-
-
-def load_ensemble(root: str | Path, device: str = "cpu") -> Ensemble:
-    manifest = load_manifest(root)
-    members = [load_network(member_dir(root, m.name), device)[0] for m in manifest.used]
-    return Ensemble(members, [m.weight for m in manifest.used], manifest.problem.task).to(device).eval()

@@ -9,7 +9,8 @@ import json
 import sys
 from pathlib import Path
 
-from galapagos.errors import EXIT_USAGE, NoResult
+from galapagos.errors import NoResult
+from galapagos.launch.protocol import EXIT_BAD_INPUT
 
 
 def main(argv: list[str]) -> int:
@@ -30,7 +31,7 @@ def main(argv: list[str]) -> int:
     except user_errors() as exc:
         if world().rank == 0:
             result_path.write_text(json.dumps({"error": str(exc)}))
-        return EXIT_USAGE
+        return EXIT_BAD_INPUT
     if world().rank == 0:
         result_path.write_text(json.dumps({"result": result}))
     return 0

@@ -2,12 +2,14 @@
 journalled the moment it arrives, the learning curve of each running task, and the progress display."""
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 
 from galapagos.evolve.genome import Genome
 from galapagos.reports.progress import ProgressView, Snapshot
-from galapagos.store.rundir import FLUSH_EVERY, RunDir, journal_record
+from galapagos.store.journal import JournalRecord, journal_record
+from galapagos.store.rundir import FLUSH_EVERY, JournalDir
 from galapagos.launch.protocol import Progress, Result, Status
 from galapagos.launch.runtime import MasterState
 
@@ -15,7 +17,7 @@ from galapagos.launch.runtime import MasterState
 class JournalSource:
     """Subclasses hand out the tasks (next_task, finished) and say what each record holds (on_result)."""
 
-    def __init__(self, journal: RunDir, records: list[dict] = (), *, view: ProgressView | None = None,
+    def __init__(self, journal: JournalDir, records: list[JournalRecord] = (), *, view: ProgressView | None = None,
                  deadline: float | None = None, keep: bool = True):
         """`records`: what earlier jobs of the run finished. `keep`: keep every record in `records` (False: only
         count them; the journal on disk has them, and a million evaluations would fill the master's memory)."""
@@ -27,12 +29,12 @@ class JournalSource:
         self.state: MasterState | None = None
         self.shown = -1
         self.done = self.resumed = len(records)  # finished in all; by earlier jobs of the run
-        self.by_status = Counter(str(r["status"]) for r in records)
+        self.by_status = Counter(str(r.status) for r in records)
 
     def running(self, task_id: int) -> None:
         self.curves[task_id] = []
 
-    def journal_result(self, r: Result, what: dict) -> dict | None:
+    def journal_result(self, r: Result, what: dict) -> JournalRecord | None:
         """Journal a finished task; None for a cancelled one (the job is ending: nothing is kept, a resume redoes
         it). A Genome in `what` is written as its canonical JSON, made once, and stays a Genome in the record
         returned (Genome.from_json and NetworkDir.write take either): its dict is made only where it is needed."""
@@ -40,13 +42,13 @@ class JournalSource:
         if r.status == Status.CANCELLED:
             return None
         record = journal_record(r, curve, what)
-        genome = record.get("genome")
-        text = {"genome": genome.canonical()} if isinstance(genome, Genome) else None
-        self.journal.append(record, text)
+        self.journal.append(record)
         if self.keep:
-            self.records.append(record if text is None else {**record, "genome": genome.to_json()})
+            genome = record.genome
+            self.records.append(dataclasses.replace(record, genome=genome.to_json())
+                                if isinstance(genome, Genome) else record)
         self.done += 1
-        self.by_status[record["status"]] += 1
+        self.by_status[record.status] += 1
         return record
 
     def warn(self, what: str, r: Result) -> None:

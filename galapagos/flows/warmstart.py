@@ -13,15 +13,15 @@ from galapagos.store.rundir import RunDir
 def seed_genomes(source: str, limit: int) -> list[Genome]:
     """Warm start genomes: the best `limit` distinct genomes of a run directory, or a JSON file of genomes (a list,
     {"genomes": [...]}, or one genome such as a best/genome.json)."""
-    path = Path(source)
-    if RunDir(path).journal.exists():
-        ranked = sorted((r for r in RunDir(path).read_journal() if r["status"] == "ok" and r["fitness"] is not None),
-                        key=lambda r: -r["fitness"])
+    path, run = Path(source), RunDir(source)
+    if run.journal.exists():
+        ranked = sorted((r for r in run.read_journal() if r.status == "ok" and r.fitness is not None),
+                        key=lambda r: -r.fitness)
         keys, raw = set(), []
         for r in ranked:
-            if r["key"] not in keys and len(raw) < limit:
-                keys.add(r["key"])
-                raw.append(r["genome"])
+            if r.key not in keys and len(raw) < limit:
+                keys.add(r.key)
+                raw.append(r.genome)
         if not raw:
             raise UsageError(f"--seed-from {source}: the run has no successful evaluation to start from")
     elif path.is_file():
@@ -33,7 +33,7 @@ def seed_genomes(source: str, limit: int) -> list[Genome]:
         if not isinstance(raw, list) or not raw:
             raise UsageError(f"--seed-from {source}: expected a list of genomes, {{\"genomes\": [...]}} or one genome")
     else:
-        raise UsageError(f"--seed-from {source}: no such run directory (results.jsonl) or JSON file")
+        raise UsageError(f"--seed-from {source}: no such run directory ({run.journal.name}) or JSON file")
     genomes = []
     for i, g in enumerate(raw):
         try:

@@ -22,6 +22,7 @@ from galapagos.store.ensembledir import is_ensemble, load_manifest
 from galapagos.errors import RunDirError
 from galapagos.evolve.pareto import Front, objective_values
 from galapagos.reports.summary import format_metrics, format_pareto, format_summary, run_report
+from galapagos.store.journal import JournalRecord
 from galapagos.store.rundir import RunDir
 
 COLORS = {"ok": "#2a9d8f", "pruned": "#e9c46a", "failed": "#e76f51", "timeout": "#9b5de5", "crashed": "#d62828",
@@ -73,23 +74,23 @@ def _plt():
     return plt
 
 
-def _ordered(records: list[dict]) -> list[dict]:
-    return sorted(records, key=lambda r: (r.get("end") or 0, r["id"]))
+def _ordered(records: list[JournalRecord]) -> list[JournalRecord]:
+    return sorted(records, key=lambda r: (r.end or 0, r.id))
 
 
-def _best_so_far(records: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _best_so_far(records: list[JournalRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(evaluation number, minutes since the first start, best fitness so far) in the order they finished."""
     rs = _ordered(records)
-    t0 = min((r["start"] for r in rs if r.get("start")), default=0)
+    t0 = min((r.start for r in rs if r.start), default=0)
     best, ys = -np.inf, []
     for r in rs:
-        if r["status"] == "ok" and r["fitness"] is not None:
-            best = max(best, r["fitness"])
+        if r.status == "ok" and r.fitness is not None:
+            best = max(best, r.fitness)
         ys.append(best if np.isfinite(best) else np.nan)
-    return np.arange(1, len(rs) + 1), np.array([((r.get("end") or t0) - t0) / 60 for r in rs]), np.array(ys)
+    return np.arange(1, len(rs) + 1), np.array([((r.end or t0) - t0) / 60 for r in rs]), np.array(ys)
 
 
-def progress_plot(page: Page, records: list[dict], compare: tuple[str, list[dict]] | None) -> None:
+def progress_plot(page: Page, records: list[JournalRecord], compare: tuple[str, list[JournalRecord]] | None) -> None:
     plt = _plt()
     fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
     for name, recs, style in [("this run", records, "-"), *([(compare[0], compare[1], "--")] if compare else [])]:
@@ -104,11 +105,11 @@ def progress_plot(page: Page, records: list[dict], compare: tuple[str, list[dict
     page.figure(fig, "Best fitness over evaluations and over time" + (f", beside {compare[0]}" if compare else ""))
 
 
-def cost_plot(page: Page, records: list[dict], cost: str) -> None:
+def cost_plot(page: Page, records: list[JournalRecord], cost: str) -> None:
     """Fitness against one cost objective (params or latency), with the front of the two (fitter and cheaper)."""
     plt = _plt()
-    points = {r["id"]: v for r in records
-              if r["status"] == "ok" and (v := objective_values(r, ("fitness", cost))) is not None}
+    points = {r.id: v for r in records
+              if r.status == "ok" and (v := objective_values(r, ("fitness", cost))) is not None}
     label = {"params": "parameters", "latency": "latency (ms per sample)"}[cost]
     fig, ax = plt.subplots(figsize=(7, 4))
     if points:
@@ -126,12 +127,12 @@ def cost_plot(page: Page, records: list[dict], cost: str) -> None:
     page.figure(fig, f"Fitness against {label}, with the Pareto front of the two (fitter and cheaper)")
 
 
-def curves_plot(page: Page, records: list[dict], top: int = 8) -> None:
+def curves_plot(page: Page, records: list[JournalRecord], top: int = 8) -> None:
     plt = _plt()
-    best = sorted((r for r in records if r["status"] == "ok" and r.get("curve")), key=lambda r: -r["fitness"])[:top]
+    best = sorted((r for r in records if r.status == "ok" and r.curve), key=lambda r: -r.fitness)[:top]
     fig, ax = plt.subplots(figsize=(7, 4))
     for r in best:
-        ax.plot(range(1, len(r["curve"]) + 1), r["curve"], marker=".", label=f"#{r['id']} ({r['fitness']:.3f})")
+        ax.plot(range(1, len(r.curve) + 1), r.curve, marker=".", label=f"#{r.id} ({r.fitness:.3f})")
     ax.set(xlabel="epoch", ylabel="validation fitness")
     ax.grid(alpha=.3)
     if best:
@@ -139,24 +140,24 @@ def curves_plot(page: Page, records: list[dict], top: int = 8) -> None:
     page.figure(fig, f"Learning curves of the top {len(best)} networks")
 
 
-def timeline_plot(page: Page, records: list[dict]) -> None:
+def timeline_plot(page: Page, records: list[JournalRecord]) -> None:
     plt = _plt()
-    timed = [r for r in records if r.get("start") and r.get("end")]
-    t0 = min((r["start"] for r in timed), default=0)
-    t1 = max((r["end"] for r in timed), default=1)
-    ranks = sorted({r["rank"] for r in timed})
+    timed = [r for r in records if r.start and r.end]
+    t0 = min((r.start for r in timed), default=0)
+    t1 = max((r.end for r in timed), default=1)
+    ranks = sorted({r.rank for r in timed})
     fig, ax = plt.subplots(figsize=(11, 0.5 + 0.35 * max(len(ranks), 2)))
     busy = 0.0
     for row, rank in enumerate(ranks):
-        mine = [r for r in timed if r["rank"] == rank]
-        busy += sum(r["end"] - r["start"] for r in mine)
-        ax.broken_barh([((r["start"] - t0) / 60, (r["end"] - r["start"]) / 60) for r in mine], (row - .4, .8),
-                       facecolors=[COLORS.get(r["status"], "#999") for r in mine])
+        mine = [r for r in timed if r.rank == rank]
+        busy += sum(r.end - r.start for r in mine)
+        ax.broken_barh([((r.start - t0) / 60, (r.end - r.start) / 60) for r in mine], (row - .4, .8),
+                       facecolors=[COLORS.get(r.status, "#999") for r in mine])
     ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
     ax.set_xlabel("minutes")
     ax.set_xlim(0, max((t1 - t0) / 60, 1e-3))
     for status, color in COLORS.items():
-        if any(r["status"] == status for r in timed):
+        if any(r.status == status for r in timed):
             ax.bar(0, 0, color=color, label=status)
     ax.legend(loc="upper right", fontsize=8, ncols=len(COLORS))
     use = busy / max(len(ranks) * (t1 - t0), 1e-9)
@@ -164,19 +165,19 @@ def timeline_plot(page: Page, records: list[dict]) -> None:
                      f"{len(ranks)} worker(s) between the first start and the last end")
 
 
-def genealogy_plot(page: Page, records: list[dict], depth: int = 6) -> None:
+def genealogy_plot(page: Page, records: list[JournalRecord], depth: int = 6) -> None:
     """The best network and its ancestors, a row per generation back."""
     plt = _plt()
-    by_id = {r["id"]: r for r in records}
-    ok = [r for r in records if r["status"] == "ok" and r["fitness"] is not None]
+    by_id = {r.id: r for r in records}
+    ok = [r for r in records if r.status == "ok" and r.fitness is not None]
     fig, ax = plt.subplots(figsize=(11, 4))
     if ok:
-        best = max(ok, key=lambda r: r["fitness"])
-        rows, edges, seen = [[best["id"]]], [], {best["id"]}
+        best = max(ok, key=lambda r: r.fitness)
+        rows, edges, seen = [[best.id]], [], {best.id}
         while len(rows) < depth and rows[-1]:
             nxt = []
             for child in rows[-1]:
-                for p in by_id.get(child, {}).get("parents") or []:
+                for p in by_id[child].parents or []:
                     edges.append((child, p))
                     if p in by_id and p not in seen:
                         seen.add(p)
@@ -188,16 +189,17 @@ def genealogy_plot(page: Page, records: list[dict], depth: int = 6) -> None:
                 ax.plot(*zip(pos[child], pos[parent]), color="#aaa", zorder=1)
         for i, (x, y) in pos.items():
             r = by_id[i]
-            ax.scatter([x], [y], s=300, color=COLORS.get(r["status"], "#999"), zorder=2)
-            fit = "-" if r["fitness"] is None else f"{r['fitness']:.3f}"
-            ax.annotate(f"#{i}\n{fit}\n{r.get('origin', '')}", (x, y), ha="center", va="center", fontsize=6)
+            ax.scatter([x], [y], s=300, color=COLORS.get(r.status, "#999"), zorder=2)
+            fit = "-" if r.fitness is None else f"{r.fitness:.3f}"
+            ax.annotate(f"#{i}\n{fit}\n{'' if r.origin is None else r.origin}", (x, y), ha="center", va="center",
+                        fontsize=6)
     ax.axis("off")
     page.figure(fig, "Genealogy of the best network: its parents, theirs, and so on (id, fitness, origin)")
 
 
-def status_plot(page: Page, records: list[dict]) -> None:
+def status_plot(page: Page, records: list[JournalRecord]) -> None:
     plt = _plt()
-    counts = {s: sum(r["status"] == s for r in records) for s in {r["status"] for r in records}}
+    counts = {s: sum(r.status == s for r in records) for s in {r.status for r in records}}
     fig, ax = plt.subplots(figsize=(6, 2.8))
     names = sorted(counts, key=lambda s: -counts[s])
     ax.bar(names, [counts[s] for s in names], color=[COLORS.get(s, "#999") for s in names])
@@ -276,7 +278,7 @@ def write_report(path: str | Path, out: str | Path, *, compare: str | Path | Non
     page = Page(f"Galapagos report: {path}")
     if report["kind"] != "ensemble":
         if compare and not RunDir(compare).journal.exists():
-            raise RunDirError(f"--compare {compare}: no results.jsonl (not a run directory)")
+            raise RunDirError(f"--compare {compare}: no {RunDir(compare).journal.name} (not a run directory)")
         records = RunDir(path).read_journal()
         other = (str(compare), RunDir(compare).read_journal()) if compare else None
         page.heading("Search")
@@ -285,14 +287,14 @@ def write_report(path: str | Path, out: str | Path, *, compare: str | Path | Non
         if "pareto" in report:
             page.text(format_pareto(report))
         cost_plot(page, records, "params")
-        if any((r.get("metrics") or {}).get("latency_ms") for r in records):
+        if any((r.metrics or {}).get("latency_ms") for r in records):
             cost_plot(page, records, "latency")
         curves_plot(page, records)
         timeline_plot(page, records)
         genealogy_plot(page, records)
         status_plot(page, records)
     if "ensemble" in report:
-        root = path if report["kind"] == "ensemble" else path / "ensemble"
+        root = path if report["kind"] == "ensemble" else RunDir(path).ensemble
         page.heading("Ensemble")
         page.text(format_metrics(report["ensemble"]))
         ensemble_plots(page, root, report["ensemble"])

@@ -10,29 +10,32 @@ from typing import Iterable
 
 from galapagos.evolve.genome import Genome
 from galapagos.launch.protocol import Status
+from galapagos.store.ensembledir import EnsembleDir
+from galapagos.store.journal import JournalRecord
+from galapagos.store.rundir import RunDir
 
 
-def summarize(records: Iterable[dict], *, population_size: int, workers: int | None = None,
+def summarize(records: Iterable[JournalRecord], *, population_size: int, workers: int | None = None,
               wall_seconds: float | None = None, busy_seconds: float | None = None) -> dict:
     """Evaluations by status, the best network, how it compares with the initial population, utilisation. One pass
     over `records`, holding none of them but the best (the master passes the journal as it reads it back)."""
     by_status, count, succeeded, best, initial = Counter(), 0, 0, None, []
     for r in records:
         count += 1
-        by_status[r["status"]] += 1
-        if r["fitness"] is None or r["status"] != Status.OK:
+        by_status[r.status] += 1
+        if r.fitness is None or r.status != Status.OK:
             continue
         succeeded += 1
-        if best is None or r["fitness"] > best["fitness"]:
+        if best is None or r.fitness > best.fitness:
             best = r
-        if r["id"] < population_size:
-            initial.append(r["fitness"])
+        if r.id < population_size:
+            initial.append(r.fitness)
     out = {"evaluations": count, "by_status": dict(by_status), "best": None,
            "initial_population_best": max(initial, default=None),
            "initial_population_median": statistics.median(initial) if initial else None, "succeeded": succeeded}
     if best:
-        out["best"] = {"id": best["id"], "fitness": best["fitness"], "params": best["params"],
-                       "genome": Genome.from_json(best["genome"]).describe(), "metrics": best["metrics"]}
+        out["best"] = {"id": best.id, "fitness": best.fitness, "params": best.params,
+                       "genome": Genome.from_json(best.genome).describe(), "metrics": best.metrics}
     if workers and wall_seconds:
         out["workers"] = workers
         out["wall_seconds"] = round(wall_seconds, 2)
@@ -108,7 +111,7 @@ def format_metrics(metrics: dict) -> str:
 def design_report(run: Path, data: str, ensemble_dir: Path, metrics: dict) -> dict:
     """`galapagos design`'s report: the search's best network and the ensemble on test (val if there is none)."""
     split = "test" if "test" in metrics else "val"
-    summary = run / "summary.json"
+    summary = RunDir(run).summary
     m = metrics[split]
     best = metrics["best_member"]
     return {"data": data, "run": str(run), "ensemble": str(ensemble_dir), "split": split,
@@ -123,31 +126,29 @@ def format_report(report: dict) -> str:
     used = sum(w > 0 for w in report["weights"].values())
     return "\n".join([
         f"design report on {split} ({report['ensemble_metrics']['samples']} samples):",
-        f"  best single network  {_line(report['best_single'], task)}  ({report['run']}/best)",
+        f"  best single network  {_line(report['best_single'], task)}  ({RunDir(report['run']).best})",
         f"  best member          {_line(report['best_member'], task)}  ({report['best_member']['name']})",
         (f"  ensemble             {_line(report['ensemble_metrics'], task)}  ({report['ensemble']}, {used} of "
          f"{len(report['members'])} trained members used)"),
-        f"report: {report['run']}/report.json"])
+        f"report: {RunDir(report['run']).report}"])
 
 
 def run_report(path: str | Path, top: int = 5) -> dict:
     """What a directory amounts to, with its `kind`: an evolution run ("run": its summary, summary.json's timing
     figures included, and its `top` evaluations), a design ("design": the run's, and its ensemble's metrics under
     "ensemble"), or an ensemble directory ("ensemble": its metrics)."""
-    from galapagos.store.ensembledir import is_ensemble
     from galapagos.config import load_config
     from galapagos.errors import RunDirError
-    from galapagos.store.rundir import RunDir
 
     path = Path(path)
-    if is_ensemble(path):
-        if not (path / "metrics.json").exists():
-            raise RunDirError(f"{path}: the ensemble is not built yet (no metrics.json): finish it with "
+    if (ensemble := EnsembleDir(path)).manifest.is_file():
+        if not ensemble.metrics.exists():
+            raise RunDirError(f"{path}: the ensemble is not built yet (no {ensemble.metrics.name}): finish it with "
                               "`galapagos ensemble --resume`")
-        return {"kind": "ensemble", "dir": str(path), "ensemble": json.loads((path / "metrics.json").read_text())}
+        return {"kind": "ensemble", "dir": str(path), "ensemble": json.loads(ensemble.metrics.read_text())}
     run = RunDir(path)
     if not run.journal.exists():
-        raise RunDirError(f"{path}: no results.jsonl (not a run, design or ensemble directory)")
+        raise RunDirError(f"{path}: no {run.journal.name} (not a run, design or ensemble directory)")
     records = run.read_journal()
     config = load_config(run.config if run.config.exists() else None)
     summary = summarize(records, population_size=config.evolution.population_size)
@@ -155,13 +156,13 @@ def run_report(path: str | Path, top: int = 5) -> dict:
         saved = json.loads(run.summary.read_text())
         summary.update({k: v for k, v in saved.items() if k in ("workers", "wall_seconds", "worker_utilization",
                                                                     "search_seconds")})
-    best = sorted((r for r in records if r["fitness"] is not None), key=lambda r: -r["fitness"])[:top]
-    summary["top"] = [{"id": r["id"], "fitness": r["fitness"], "status": r["status"],
-                       "genome": Genome.from_json(r["genome"]).describe()} for r in best]
+    best = sorted((r for r in records if r.fitness is not None), key=lambda r: -r.fitness)[:top]
+    summary["top"] = [{"id": r.id, "fitness": r.fitness, "status": r.status,
+                       "genome": Genome.from_json(r.genome).describe()} for r in best]
     if run.pareto.exists():
         summary["pareto"] = json.loads(run.pareto.read_text())
         summary["pareto_front"] = len(summary["pareto"]["members"])
-    built = path / "ensemble" / "metrics.json"
+    built = EnsembleDir(run.ensemble).metrics
     if built.exists():
         summary["ensemble"] = json.loads(built.read_text())
     return {"kind": "design" if built.exists() else "run", "dir": str(path), **summary}
@@ -188,5 +189,5 @@ def format_run_report(report: dict) -> str:
     if "pareto" in report:
         lines.append(format_pareto(report))
     if "ensemble" in report:
-        lines += [f"ensemble ({report['dir']}/ensemble):", format_metrics(report["ensemble"])]
+        lines += [f"ensemble ({RunDir(report['dir']).ensemble}):", format_metrics(report["ensemble"])]
     return "\n".join(lines)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from galapagos.evolve.genome import Genome
 from galapagos.errors import RunDirError
-from galapagos.store.rundir import RunDir
+from galapagos.store.rundir import JournalDir
 
 FIRST = ("id", "name", "status", "fitness", "params", "seconds", "epochs", "origin", "parents", "rank", "host")
 SKIP = ("curve", "genome", "metrics", "error", "describe")
@@ -15,18 +15,18 @@ SKIP = ("curve", "genome", "metrics", "error", "describe")
 
 def rows(path: str | Path) -> list[dict]:
     """Every record of the journal in `path` (a run or ensemble directory), flattened."""
-    run = RunDir(path)
+    run = JournalDir(path)
     if not run.journal.exists():
         raise RunDirError(f"{path}: no {run.journal.name} (not a run or ensemble directory)")
     out = []
     for r in run.read_journal():
-        row = {k: v for k, v in r.items() if k not in SKIP and not isinstance(v, (dict, list))}
-        row["parents"] = ";".join(map(str, r.get("parents") or []))
-        row["seconds"] = round(r["end"] - r["start"], 3) if r.get("end") and r.get("start") else None
-        row["epochs"] = len(r.get("curve") or [])
-        row["genome"] = Genome.from_json(r["genome"]).describe() if r.get("genome") else None
-        row["error"] = (r.get("error") or "").strip().splitlines()[-1] if r.get("error") else None
-        row.update({f"metric_{k}": v for k, v in (r.get("metrics") or {}).items()
+        row = {k: v for k, v in r.to_dict().items() if k not in SKIP and not isinstance(v, (dict, list))}
+        row["parents"] = ";".join(map(str, r.parents or []))
+        row["seconds"] = round(r.end - r.start, 3) if r.end and r.start else None
+        row["epochs"] = len(r.curve or [])
+        row["genome"] = Genome.from_json(r.genome).describe() if r.genome else None
+        row["error"] = r.error.strip().splitlines()[-1] if r.error else None
+        row.update({f"metric_{k}": v for k, v in (r.metrics or {}).items()
                     if isinstance(v, (int, float, str)) or v is None})
         out.append(row)
     return out

@@ -17,6 +17,8 @@ from pathlib import Path
 
 from galapagos.evolve.genome import Genome
 from galapagos.errors import UsageError
+from galapagos.store.journal import JournalRecord
+from galapagos.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +42,7 @@ class Tracker:
         if report.tensorboard:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(run_dir / "tensorboard"))
+            self.tb = SummaryWriter(str(RunDir(run_dir).tensorboard))
         if report.mlflow_uri:
             from mlflow.tracking import MlflowClient
 
@@ -60,37 +62,37 @@ class Tracker:
             log.warning("experiment tracking is off for this job: %s: %s", type(exc).__name__, exc)
             return None
 
-    def log(self, record: dict) -> None:
+    def log(self, record: JournalRecord) -> None:
         try:
             self._log(record)
         except Exception as exc:  # noqa: BLE001 - as above
             log.warning("experiment tracking is off from now on: %s: %s", type(exc).__name__, exc)
             self.tb = self.ml = None
 
-    def _log(self, r: dict) -> None:
-        metrics = _numbers(r.get("metrics") or {})
-        if r["fitness"] is not None:
-            metrics["fitness"] = r["fitness"]
+    def _log(self, r: JournalRecord) -> None:
+        metrics = _numbers(r.metrics or {})
+        if r.fitness is not None:
+            metrics["fitness"] = r.fitness
         if self.tb is not None:
             for k, v in metrics.items():
-                self.tb.add_scalar(k if k == "fitness" else f"metrics/{k}", v, r["id"])
-            for epoch, f in enumerate(r.get("curve") or [], 1):
-                self.tb.add_scalar(f"curve/{r['id']:06d}", f, epoch)
+                self.tb.add_scalar(k if k == "fitness" else f"metrics/{k}", v, r.id)
+            for epoch, f in enumerate(r.curve or [], 1):
+                self.tb.add_scalar(f"curve/{r.id:06d}", f, epoch)
             self.tb.flush()
         if self.ml is not None:
             from mlflow.entities import Metric, Param
 
-            genome = Genome.from_json(r["genome"])
-            run = self.ml.create_run(self.experiment, run_name=f"eval-{r['id']}",
-                                     tags={"mlflow.parentRunId": self.parent, "status": r["status"],
-                                           "origin": str(r.get("origin", ""))}).info.run_id
+            genome = Genome.from_json(r.genome)
+            run = self.ml.create_run(self.experiment, run_name=f"eval-{r.id}",
+                                     tags={"mlflow.parentRunId": self.parent, "status": r.status,
+                                           "origin": "" if r.origin is None else str(r.origin)}).info.run_id
             params = {"genome": genome.describe()[:500], "lr": genome.lr, "batch_size": genome.batch_size,
                       "optimizer": genome.optimizer, "weight_decay": genome.weight_decay, "layers": len(genome.layers),
-                      "params": r.get("params")}
+                      "params": r.params}
             ms = [Metric(k, v, 0, 0) for k, v in metrics.items()]
-            ms += [Metric("curve", f, 0, epoch) for epoch, f in enumerate(r.get("curve") or [], 1)]
+            ms += [Metric("curve", f, 0, epoch) for epoch, f in enumerate(r.curve or [], 1)]
             self.ml.log_batch(run, metrics=ms, params=[Param(k, str(v)) for k, v in params.items()])
-            self.ml.set_terminated(run, "FINISHED" if r["status"] == "ok" else "FAILED")
+            self.ml.set_terminated(run, "FINISHED" if r.status == "ok" else "FAILED")
 
     def close(self) -> None:
         if self.tb is not None:

@@ -1,10 +1,13 @@
-"""An ensemble directory on disk: the contract between `galapagos ensemble` (writes) and `predict` (reads).
+"""An ensemble directory on disk: the contract between `galapagos ensemble` (writes) and `predict` (reads). Every
+path inside it is :class:`EnsembleDir`'s.
 
 ```
 DIR/ensemble.json           format, problem, members (name, weight, seed, origin, status), selection, sources
+DIR/plan.json               the members to train (MemberSpec), for --resume
 DIR/members/<name>/         a network directory (evolve/netdir.py), as a run's best/
-DIR/results.jsonl           one line per member training (failed ones too), as a run's journal
+DIR/results.jsonl           one line per member training (failed ones too), as a run's journal (store/journal.py)
 DIR/metrics.json            ensemble and per-member metrics on val (and test when the file has one)
+DIR/config.toml, DIR/log/   the resolved config and the logs, as a run's
 ```
 
 Weights are the selection's (they sum to 1 over the members used); a trained member that selection did not
@@ -20,6 +23,7 @@ from typing import Any
 from galapagos.evolve.files import write_json
 from galapagos.evolve.netdir import NetworkDir
 from galapagos.evolve.problem import Problem
+from galapagos.store.rundir import JournalDir
 
 FORMAT = 1
 MANIFEST = "ensemble.json"
@@ -27,6 +31,21 @@ MANIFEST = "ensemble.json"
 
 class EnsembleError(ValueError):
     """A missing or malformed ensemble directory."""
+
+
+class EnsembleDir(JournalDir):
+    """One ensemble directory's files; its journal, config and logs are kept as a run's (JournalDir)."""
+
+    def __init__(self, path: str | Path):
+        super().__init__(path)
+        self.manifest = self.path / MANIFEST
+        self.plan = self.path / "plan.json"
+        self.members = self.path / "members"
+        self.metrics = self.path / "metrics.json"
+
+    def member(self, name: str) -> Path:
+        """A member's network directory."""
+        return self.members / name
 
 
 @dataclass(frozen=True)
@@ -52,16 +71,12 @@ class Manifest:
 
 
 def is_ensemble(path: str | Path) -> bool:
-    return (Path(path) / MANIFEST).is_file()
-
-
-def member_dir(root: str | Path, name: str) -> Path:
-    return Path(root) / "members" / name
+    return EnsembleDir(path).manifest.is_file()
 
 
 def save_manifest(root: str | Path, manifest: Manifest) -> Path:
     """Write ensemble.json atomically (a reader never sees half a file)."""
-    path = Path(root) / MANIFEST
+    path = EnsembleDir(root).manifest
     doc = {"format": FORMAT, "problem": manifest.problem.to_dict(),
            "members": [asdict(m) for m in manifest.members], "selection": manifest.selection,
            "sources": manifest.sources}
@@ -71,7 +86,8 @@ def save_manifest(root: str | Path, manifest: Manifest) -> Path:
 
 def load_manifest(root: str | Path) -> Manifest:
     """Read and check ensemble.json: every used member's files exist and the weights sum to 1."""
-    path = Path(root) / MANIFEST
+    ensemble = EnsembleDir(root)
+    path = ensemble.manifest
     if not path.is_file():
         raise EnsembleError(f"{root}: no {MANIFEST} (not an ensemble directory)")
     try:
@@ -91,6 +107,6 @@ def load_manifest(root: str | Path) -> Manifest:
     if abs(total - 1.0) > 1e-6:
         raise EnsembleError(f"{path}: member weights sum to {total:g}, expected 1")
     for m in manifest.used:
-        if (missing := NetworkDir(member_dir(root, m.name)).missing()) is not None:
+        if (missing := NetworkDir(ensemble.member(m.name)).missing()) is not None:
             raise EnsembleError(f"{path}: member {m.name}: {missing} is missing")
     return manifest

@@ -1,11 +1,11 @@
-"""The run directory: resolved config, the append-only journal of evaluations, the best network, logs; the
-fingerprint of the data it was evolved on (data.json, galapagos/fingerprint.py), the search time spent over all its
-jobs (clock.json) and the lock a live run holds (.lock, galapagos/runlock.py).
+"""The run directory: every path inside it. The resolved config, the append-only journal of evaluations
+(results.jsonl, one :class:`~galapagos.store.journal.JournalRecord` a line), summary.json, the best network (best/),
+the Pareto front (pareto.json, front/ID/), the kept weights (models/), logs and crash files (log/), the fingerprint
+of the data it was evolved on (data.json, galapagos/store/fingerprint.py), the search time spent over all its jobs
+(clock.json), the lock a live run holds (.lock, galapagos/store/runlock.py), TensorBoard's event files
+(tensorboard/), and a design's report.json and ensemble/ (an ensemble directory, galapagos/store/ensembledir.py).
 
-An ensemble directory keeps its journal the same way. One journal line (results.jsonl) per finished task:
-what ran (an evaluation: parents, origin, inherits; an ensemble member: name, seed, origin; both: id, genome,
-key, params), how it ended (status, fitness, metrics, the fitness after each epoch as `curve`, error) and where
-and when (rank, host, start, end). Only :func:`journal_record` makes one.
+An ensemble directory keeps its journal, config and logs the same way: both are a :class:`JournalDir`.
 """
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ from galapagos.evolve.files import write_json
 from galapagos.evolve.netdir import NetworkDir
 from galapagos.errors import RunDirError
 from galapagos.store.fingerprint import STRUCTURE, data_fingerprint, describe_data
+from galapagos.store.journal import JournalRecord
 from galapagos.store.runlock import RunLock
-from galapagos.launch.protocol import Result, Status
 
 # Seconds between fsyncs of the journal. An fsync per evaluation costs milliseconds on a parallel file system; at
 # whole-machine rates (Summit: 460 tasks/s) it alone would fill the master's time (bench/master_cost.py).
@@ -36,36 +36,125 @@ MODEL_OVERHEAD = 64 << 10  # bytes of a torch.save file beyond its tensors (arch
 log = logging.getLogger(__name__)
 
 JOURNAL = "results.jsonl"
-_encode = json.JSONEncoder(sort_keys=True, allow_nan=False).encode  # one encoder for every line, not one per line
 
 
-def journal_record(result: Result, curve: list[float], what: dict) -> dict:
-    """One journal line: `what` ran, and how, where and when it ended."""
-    return {"id": result.id, **what, "status": Status(result.status).value, "fitness": result.fitness,
-            "metrics": result.metrics, "curve": curve, "rank": result.rank, "host": result.host,
-            "start": result.started, "end": result.ended, "error": result.error}
-
-
-class RunDir:
-    """One run's files. The journal is the truth: `--resume` rebuilds everything else from it."""
+class JournalDir:
+    """A directory with a journal of finished tasks, its resolved config and its logs: a run directory, or an
+    ensemble directory (galapagos/store/ensembledir.py)."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
         self.journal = self.path / JOURNAL
         self.config = self.path / "config.toml"
+        self.logs = self.path / "log"
+        self.master_log = self.logs / "master.log"  # rank 0's log
+        self._out = None  # the journal, open for appending while the job goes
+        self._synced = 0.0  # when it was last fsynced (time.monotonic)
+        self._flushed = 0.0  # when its buffer was last written
+
+    def crash_file(self, rank: int) -> Path:
+        """Where the traceback of a rank that failed unexpectedly goes."""
+        return self.logs / f"crash-rank{rank}.txt"
+
+    def read_journal(self) -> list[JournalRecord]:
+        """Every finished task so far; a torn last line (the job was killed mid-write) is cut off."""
+        return list(self.iter_journal())
+
+    def iter_journal(self) -> Iterator[JournalRecord]:
+        """read_journal one record at a time (for a pass over a journal too big to hold)."""
+        self.flush()
+        if not self.journal.exists():
+            return
+        good = 0
+        with open(self.journal, "rb") as f:
+            for number, line in enumerate(f, 1):
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError:
+                    if f.read(1):  # not the last line: the journal was edited or corrupted
+                        raise RunDirError(f"{self.journal}:{number}: not a JSON line") from None
+                    log.warning("%s:%d: dropping a torn last line (the run was killed while writing it)",
+                                self.journal, number)
+                    break
+                try:
+                    record = JournalRecord.from_dict(record)
+                except TypeError as exc:
+                    raise RunDirError(f"{self.journal}:{number}: not a journal record: {exc}") from None
+                good += len(line)
+                yield record
+        if good != self.journal.stat().st_size:
+            with open(self.journal, "r+b") as f:
+                f.truncate(good)
+
+    def append(self, record: JournalRecord) -> None:
+        """One finished task, into the journal's buffer until flush()."""
+        line = record.to_line()
+        try:
+            if self._out is None:
+                self._out = open(self.journal, "a", buffering=1 << 20)
+            self._out.write(line + "\n")
+        except OSError as exc:  # a torn last line is cut off by the next --resume (read_journal)
+            raise self.write_error(self.journal, exc) from None
+
+    def flush(self, every: float = 0.0) -> None:
+        """What append() buffered, written through to the kernel (it then survives the death of this process), if
+        `every` seconds have passed since the last write; fsynced at most every FSYNC_EVERY seconds and by close()
+        (a node that crashes loses at most that much, which --resume trains again)."""
+        if self._out is None or time.monotonic() - self._flushed < every:
+            return
+        try:
+            self._out.flush()
+            self._flushed = time.monotonic()
+            if time.monotonic() - self._synced >= FSYNC_EVERY:
+                os.fsync(self._out.fileno())
+                self._synced = time.monotonic()
+        except OSError as exc:
+            raise self.write_error(self.journal, exc) from None
+
+    def close(self) -> None:
+        """The journal on disk (fsynced) and closed; append opens it again if needed."""
+        if self._out is not None:
+            out, self._out = self._out, None
+            try:
+                out.flush()
+                os.fsync(out.fileno())
+                out.close()
+            except OSError as exc:
+                raise self.write_error(self.journal, exc) from None
+
+    def save(self, path: Path, obj: dict) -> None:
+        """A JSON file of the run, replaced atomically; a failed write is one line (write_error)."""
+        try:
+            write_json(path, obj)
+        except OSError as exc:
+            raise self.write_error(path, exc) from None
+
+    def write_error(self, path: Path, exc: OSError) -> RunDirError:
+        """A write into the run that failed (a full or read-only disk): one line with the path and the room left;
+        what the journal holds is kept, and `--resume` continues once there is room."""
+        free = _free_bytes(self.path)
+        room = "" if free is None else f", {free / 2**20:.1f} MiB free"
+        return RunDirError(f"cannot write {path}: {exc.strerror or exc}{room}; the run stops here, everything in "
+                           f"{self.journal.name} is kept: continue with --resume once there is room")
+
+
+class RunDir(JournalDir):
+    """One run's files. The journal is the truth: `--resume` rebuilds everything else from it."""
+
+    def __init__(self, path: str | Path):
+        super().__init__(path)
         self.summary = self.path / "summary.json"
         self.best = self.path / "best"
         self.front = self.path / "front"  # several objectives: one network directory per member of the Pareto front
         self.pareto = self.path / "pareto.json"
         self.models = self.path / "models"
         self._models = str(self.models)
-        self.logs = self.path / "log"
         self.data = self.path / "data.json"
         self.clock = self.path / "clock.json"
         self.lock_file = self.path / ".lock"
-        self._out = None  # the journal, open for appending while the run goes
-        self._synced = 0.0  # when it was last fsynced (time.monotonic)
-        self._flushed = 0.0  # when its buffer was last written
+        self.tensorboard = self.path / "tensorboard"  # [report] tensorboard's event files
+        self.report = self.path / "report.json"  # a design's report
+        self.ensemble = self.path / "ensemble"  # a design's ensemble directory
 
     @classmethod
     def check(cls, path: str | Path, *, resume: bool) -> "RunDir":
@@ -122,13 +211,6 @@ class RunDir:
     def record_seconds(self, seconds: float) -> None:
         self.save(self.clock, {"seconds": round(seconds, 3)})
 
-    def save(self, path: Path, obj: dict) -> None:
-        """A JSON file of the run, replaced atomically; a failed write is one line (write_error)."""
-        try:
-            write_json(path, obj)
-        except OSError as exc:
-            raise self.write_error(path, exc) from None
-
     @classmethod
     def open(cls, path: str | Path, *, resume: bool) -> "RunDir":
         """A new run directory, or (resume) the existing one; refuses to mix two runs in one directory."""
@@ -136,72 +218,6 @@ class RunDir:
         for d in (run.path, run.models, run.logs):
             d.mkdir(parents=True, exist_ok=True)
         return run
-
-    def read_journal(self) -> list[dict]:
-        """Every finished evaluation so far; a torn last line (the run was killed mid-write) is cut off."""
-        return list(self.iter_journal())
-
-    def iter_journal(self) -> Iterator[dict]:
-        """read_journal one record at a time (for a pass over a journal too big to hold)."""
-        self.flush()
-        if not self.journal.exists():
-            return
-        good = 0
-        with open(self.journal, "rb") as f:
-            for number, line in enumerate(f, 1):
-                try:
-                    record = json.loads(line)
-                except json.JSONDecodeError:
-                    if f.read(1):  # not the last line: the journal was edited or corrupted
-                        raise RunDirError(f"{self.journal}:{number}: not a JSON line") from None
-                    log.warning("%s:%d: dropping a torn last line (the run was killed while writing it)",
-                                self.journal, number)
-                    break
-                good += len(line)
-                yield record
-        if good != self.journal.stat().st_size:
-            with open(self.journal, "r+b") as f:
-                f.truncate(good)
-
-    def append(self, record: dict, text: dict[str, str] | None = None) -> None:
-        """One finished evaluation, into the journal's buffer until flush(). `text`: values of the record that are
-        JSON text already (a genome's canonical JSON), written as they are instead of encoded again."""
-        line = _encode({k: v for k, v in record.items() if k not in text} if text else record)
-        if text:
-            parts = [line[1:-1], *(f'"{k}": {v}' for k, v in text.items())]
-            line = "{" + ", ".join(p for p in parts if p) + "}"
-        try:
-            if self._out is None:
-                self._out = open(self.journal, "a", buffering=1 << 20)
-            self._out.write(line + "\n")
-        except OSError as exc:  # a torn last line is cut off by the next --resume (read_journal)
-            raise self.write_error(self.journal, exc) from None
-
-    def flush(self, every: float = 0.0) -> None:
-        """What append() buffered, written through to the kernel (it then survives the death of this process), if
-        `every` seconds have passed since the last write; fsynced at most every FSYNC_EVERY seconds and by close()
-        (a node that crashes loses at most that much, which --resume trains again)."""
-        if self._out is None or time.monotonic() - self._flushed < every:
-            return
-        try:
-            self._out.flush()
-            self._flushed = time.monotonic()
-            if time.monotonic() - self._synced >= FSYNC_EVERY:
-                os.fsync(self._out.fileno())
-                self._synced = time.monotonic()
-        except OSError as exc:
-            raise self.write_error(self.journal, exc) from None
-
-    def close(self) -> None:
-        """The journal on disk (fsynced) and closed; append opens it again if needed."""
-        if self._out is not None:
-            out, self._out = self._out, None
-            try:
-                out.flush()
-                os.fsync(out.fileno())
-                out.close()
-            except OSError as exc:
-                raise self.write_error(self.journal, exc) from None
 
     def model_path(self, eval_id: int) -> str:
         """Where an evaluation's weights go: a string, made for every task at whole-machine scale (a Path's parsing
@@ -215,16 +231,20 @@ class RunDir:
         except FileNotFoundError:
             pass
 
-    def save_network(self, dest: Path, record: dict, extra: dict) -> None:
+    def front_dir(self, eval_id: int) -> Path:
+        """The network directory of a member of the Pareto front (front/ID)."""
+        return self.front / str(eval_id)
+
+    def save_network(self, dest: Path, record: JournalRecord, extra: dict) -> None:
         """Copy an evaluation's weights, genome and metrics into a network directory, best/ or front/ID (each file
         replaced atomically). The journal is flushed first: it holds every evaluation a network directory shows."""
         self.flush()
-        src = self.model_path(record["id"])
+        src = self.model_path(record.id)
         try:
-            NetworkDir(dest).write(record["genome"], {**extra, "id": record["id"], "fitness": record["fitness"],
-                                                           "metrics": record["metrics"], "params": record["params"],
-                                                           "key": record["key"]},
-                                        weights_from=src if os.path.exists(src) else None)
+            NetworkDir(dest).write(record.genome, {**extra, "id": record.id, "fitness": record.fitness,
+                                                   "metrics": record.metrics, "params": record.params,
+                                                   "key": record.key},
+                                   weights_from=src if os.path.exists(src) else None)
         except OSError as exc:
             raise self.write_error(dest, exc) from None
 
@@ -237,14 +257,6 @@ class RunDir:
             raise RunDirError(f"--out {self.path}: {free / 2**20:.1f} MiB free, the run may need "
                               f"{needed / 2**20:.1f} MiB for {files} weights files of up to {params:,} parameters "
                               "each: free some room, or lower run.keep_models or space.max_params")
-
-    def write_error(self, path: Path, exc: OSError) -> RunDirError:
-        """A write into the run that failed (a full or read-only disk): one line with the path and the room left;
-        what the journal holds is kept, and `--resume` continues once there is room."""
-        free = _free_bytes(self.path)
-        room = "" if free is None else f", {free / 2**20:.1f} MiB free"
-        return RunDirError(f"cannot write {path}: {exc.strerror or exc}{room}; the run stops here, everything in "
-                           f"{self.journal.name} is kept: continue with --resume once there is room")
 
     def prune_models(self, keep: Iterable[int]) -> None:
         """Delete every weights file but those of `keep`, and any a killed trainer left half-written."""
