@@ -39,8 +39,8 @@ class _Timed:
 
 def _inner(ens: str, data: str, batch: int, out: str, repeats: int) -> None:
     from galapagos.ensemble.average import average
-    from galapagos.launch.mpi import world
     from galapagos.flows.prediction import load_members
+    from galapagos.launch.mpi import world
 
     world_comm = world()
     comm = world_comm if world_comm.size > 1 else None

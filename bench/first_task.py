@@ -71,7 +71,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
             if gib:
                 make_file(data, gib)
             else:
-                subprocess.run([sys.executable, "-m", "galapagos.examples.shapes", "--out", str(data)], check=True, cwd=REPO,
+                subprocess.run([sys.executable, "-m", "galapagos.examples.shapes", "--out", str(data)], check=True,
+                               cwd=REPO,
                                capture_output=True)
             runs = [first_task(data, Path(tmp) / f"run-{gib:g}-{i}", args.workers) for i in range(args.repeats)]
             best = min(runs, key=lambda r: r["first_task_s"])

@@ -21,16 +21,16 @@ from pathlib import Path
 
 import torch
 
+from galapagos.config import load_config
 from galapagos.evolve.build import build_model
 from galapagos.evolve.check import count_params
 from galapagos.evolve.engine import Engine
 from galapagos.evolve.problem import Problem
-from galapagos.config import load_config
 from galapagos.flows.evolution import breeder
 from galapagos.flows.evolution_source import EvolutionSource
+from galapagos.launch.protocol import Result, Status
 from galapagos.store.journal import JournalRecord
 from galapagos.store.rundir import RunDir
-from galapagos.launch.protocol import Result, Status
 
 SUMMIT_RATE = 27_648 / 60  # tasks per second: every GPU of Summit on one-minute candidates
 

@@ -36,9 +36,9 @@ import time
 
 import galapagos.launch.runtime as runtime
 from bench.master_cost import timed_source
+from galapagos.config import load_config
 from galapagos.evolve.ahead import START_WAIT, Ahead
 from galapagos.evolve.problem import Problem
-from galapagos.config import load_config
 from galapagos.launch.protocol import Cancel, Progress, Ready, Result, Status, Stop, Stopped, Task
 
 EPOCHS = 6

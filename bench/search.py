@@ -54,6 +54,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from galapagos.config import Config, load_config
 from galapagos.datashare.format import inspect, load
 from galapagos.datashare.write import write_dataset
 from galapagos.evolve.check import check_genome
@@ -64,7 +65,6 @@ from galapagos.evolve.problem import Problem
 from galapagos.evolve.space import SearchSpace
 from galapagos.evolve.train import NonFiniteLoss, normalization_stats, train_candidate
 from galapagos.examples import cosmoflow, shapes, signals, tabular
-from galapagos.config import Config, load_config
 
 
 def signals_permuted(out_path: str | Path, *, seed: int = 0) -> None:

@@ -20,8 +20,8 @@ import h5py
 import numpy as np
 
 from .carve import carve_val
-from .rules import (CLASS_TASKS, DENSE_TASKS, TASKS, X_DTYPES, DataError, check_dense_y,
-                    check_ignore_index, check_task, check_x, check_y, data_error, dtype_name, shape_str, y_dtype)
+from .rules import (CLASS_TASKS, DENSE_TASKS, TASKS, X_DTYPES, DataError, check_dense_y, check_ignore_index, check_task,
+                    check_x, check_y, data_error, dtype_name, shape_str, y_dtype)
 
 log = logging.getLogger(__name__)
 

@@ -39,8 +39,8 @@ from .format import check_values
 from .layout import MAX_COUNT
 from .plan import DataShareError, Plan, Source, array_parts
 from .poll import Backoff
-from .stream import node_rows as _node_rows, request as _request, resolve as _resolve, union as _union
 from .shm import SharedArrays
+from .stream import node_rows as _node_rows, request as _request, resolve as _resolve, union as _union
 
 log = logging.getLogger(__name__)
 

@@ -18,9 +18,9 @@ import h5py
 import numpy as np
 
 from . import mistakes
-from .format import (DENSE_TASKS, FORMAT_VERSION, SPLITS, TASKS, DataError, DatasetInfo,
-                     check_dense_y, check_ignore_index, check_task, check_values, check_x, check_y, data_error,
-                     dtype_name, inspect_file, shape_str, validate, y_dtype)
+from .format import (DENSE_TASKS, FORMAT_VERSION, SPLITS, TASKS, DataError, DatasetInfo, check_dense_y,
+                     check_ignore_index, check_task, check_values, check_x, check_y, data_error, dtype_name,
+                     inspect_file, shape_str, validate, y_dtype)
 
 log = logging.getLogger(__name__)
 

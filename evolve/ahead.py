@@ -10,10 +10,11 @@ A child bred ahead comes from a population at most ``AHEAD`` tells old, and whic
 breeds depends on timing: a run is then no longer reproducible from its seed. Hence only jobs with many workers use
 it (``[evolution] breeder_workers``), where results arrive in an order no seed decides anyway.
 
-The helper is a fresh Python (``python -m galapagos.evolve.ahead``, not a fork of rank 0, whose MPI library may not survive
-one); it speaks over two pipes with multiprocessing's framed connections. Rank 0 -> helper: the engine once, then
-``(tells, more)`` (results it has not heard, how many more children to breed), None to stop. Helper -> rank 0:
-lists of candidates (with their parameter counts), and a string, why, should the search space hold no new child.
+The helper is a fresh Python (``python -m galapagos.evolve.ahead``, not a fork of rank 0, whose MPI library may
+not survive one); it speaks over two pipes with multiprocessing's framed connections. Rank 0 -> helper: the
+engine once, then ``(tells, more)`` (results it has not heard, how many more children to breed), None to stop.
+Helper -> rank 0: lists of candidates (with their parameter counts), and a string, why, should the search space
+hold no new child.
 """
 from __future__ import annotations
 

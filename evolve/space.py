@@ -11,21 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
-from .genome import (
-    ACTIVATIONS,
-    GENE_FIELDS,
-    HEADS,
-    LAYER_TYPES,
-    LOSSES,
-    MAX_DROPOUT,
-    NORM_KINDS,
-    OPTIMIZERS,
-    POOL_OPS,
-    SPATIAL_TYPES,
-    Gene,
-    make_gene,
-    Genome,
-)
+from .genome import (ACTIVATIONS, GENE_FIELDS, HEADS, LAYER_TYPES, LOSSES, MAX_DROPOUT, NORM_KINDS, OPTIMIZERS,
+                     POOL_OPS, SPATIAL_TYPES, Gene, Genome, make_gene)
 from .problem import Problem
 from .settings import Check, Table, is_int
 

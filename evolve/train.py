@@ -17,9 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from galapagos.datashare.plan import split_arrays
-
-from galapagos.evolve.batches import (GPU_TYPES, batch_data, child_device, epoch_batches, resident_fits,
-                            stats_sample)
+from galapagos.evolve.batches import GPU_TYPES, batch_data, child_device, epoch_batches, resident_fits, stats_sample
 from galapagos.evolve.build import build_model, set_normalization
 from galapagos.evolve.dense import class_counts, evaluate_dense, field_loss, segmentation_loss
 from galapagos.evolve.genome import Genome
@@ -28,7 +26,6 @@ from galapagos.evolve.netdir import save_weights
 from galapagos.evolve.normalize import normalization_stats
 from galapagos.evolve.problem import Problem
 from galapagos.evolve.task import DataAccess, TrainConfig, TrainTask
-
 
 log = logging.getLogger(__name__)
 

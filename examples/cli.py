@@ -1,4 +1,5 @@
-"""The command line the bundled dataset generators share: `python -m galapagos.examples.NAME --out FILE [options] [--seed S]`,
+"""The command line the bundled dataset generators share:
+`python -m galapagos.examples.NAME --out FILE [options] [--seed S]`,
 which writes the file and prints one line saying what it holds."""
 from __future__ import annotations
 

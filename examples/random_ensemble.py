@@ -18,7 +18,6 @@ from pathlib import Path
 import torch
 
 from galapagos.datashare.format import load
-from galapagos.store.ensembledir import EnsembleDir, Manifest, Member, save_manifest
 from galapagos.evolve.build import build_model, set_normalization
 from galapagos.evolve.check import check_genome
 from galapagos.evolve.errors import InvalidGenome
@@ -26,6 +25,7 @@ from galapagos.evolve.netdir import NetworkDir, save_weights
 from galapagos.evolve.problem import Problem
 from galapagos.evolve.space import SearchSpace
 from galapagos.evolve.train import normalization_stats
+from galapagos.store.ensembledir import EnsembleDir, Manifest, Member, save_manifest
 
 
 def _train(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, task: str, steps: int, seed: int) -> None:
@@ -81,7 +81,8 @@ def write_random_ensemble(out: str | Path, data: str | Path, members: int = 4, *
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m galapagos.examples.random_ensemble", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m galapagos.examples.random_ensemble",
+                                     description=__doc__.splitlines()[0])
     parser.add_argument("--data", required=True, help="HDF5 dataset the members are for")
     parser.add_argument("--out", required=True, help="ensemble directory to write")
     parser.add_argument("--members", type=int, default=4)

@@ -77,8 +77,8 @@ def load(path: PathLike, device: str = "cpu") -> Any:
     """A saved network (a run directory, its best/, or an ensemble member) or a whole ensemble directory, as a
     torch module in eval mode: inputs (N, *sample_shape) -> class probabilities for an ensemble, logits for one
     network (classification), or regression outputs."""
-    from galapagos.store.ensembledir import is_ensemble
     from galapagos.models import load_ensemble, load_network
+    from galapagos.store.ensembledir import is_ensemble
 
     if is_ensemble(path):
         return load_ensemble(path, device)

@@ -7,15 +7,14 @@ import shlex
 import signal
 import sys
 
-from galapagos.datashare.rules import CLASS_TASKS
 from galapagos import api
+from galapagos.datashare.rules import CLASS_TASKS
 from galapagos.errors import NoResult
-from galapagos.launch.protocol import EXIT_BAD_INPUT, EXIT_NO_RESULT
 from galapagos.flows.mpijob import JobFailed, WorkerExit, setup_logging, user_errors
+from galapagos.launch.protocol import EXIT_BAD_INPUT, EXIT_LOST, EXIT_NO_RESULT
 from galapagos.options import EnsembleOptions, EvolveOptions, PredictOptions
 from galapagos.parser import build_parser
 from galapagos.reports.summary import format_metrics, format_report, format_run_report, format_summary, metric_keys
-from galapagos.launch.protocol import EXIT_LOST
 
 
 def show(*lines: str) -> None:
@@ -145,7 +144,6 @@ def cmd_export(args) -> int:
 
 def cmd_data(args) -> int:
     from galapagos.datashare import format as fmt
-
     from galapagos.datashare.mistakes import review
 
     if args.action == "check":

@@ -15,7 +15,8 @@ class RunDirError(ValueError):
 class NoResult(Exception):
     """The run is over and no evaluation succeeded (every candidate failed, was rejected, or none finished): there
     is no best network. `master` raises it after writing summary.json; `summary` is what it would have returned
-    (with "best_dir": None). The command prints the one line str() gives and exits with launch.protocol.EXIT_NO_RESULT."""
+    (with "best_dir": None). The command prints the one line str() gives and exits with
+    EXIT_NO_RESULT (launch/protocol.py)."""
 
     def __init__(self, summary: dict):
         super().__init__(summary)

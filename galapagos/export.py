@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from galapagos.datashare.rules import CLASS_TASKS
-from galapagos.store.ensembledir import is_ensemble, load_manifest
 from galapagos.errors import UsageError
+from galapagos.store.ensembledir import is_ensemble, load_manifest
 
 FORMATS = ("torchscript", "pt2", "onnx")
 

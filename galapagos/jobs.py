@@ -12,10 +12,11 @@ from pathlib import Path
 from typing import Any
 
 from galapagos.errors import UsageError
-from galapagos.parser import build_parser
-from galapagos.launch.scripts import (OPTION_KEYS, build_request, is_active, load_settings, load_site, next_script, parse_env,
-                            render, save_settings, submit, write_job)
+from galapagos.launch.scripts import (OPTION_KEYS, build_request, is_active, load_settings, load_site, next_script,
+                                      parse_env, render, save_settings, submit, write_job)
+from galapagos.launch.scripts.request import PINNED_CONFIG, job_folder
 from galapagos.launch.scripts.stage import environment, pack_environment
+from galapagos.parser import build_parser
 
 JOB_COMMANDS = ("evolve", "ensemble", "design")
 PATH_OPTIONS = ("--data", "--out", "--config", "--from")
@@ -104,7 +105,7 @@ def pin_config(command: tuple[str, ...], out: Path, job_dir: Path) -> tuple[str,
     config = evolve_config(EvolveOptions.from_args(args))  # bad keys and values fail here, before anything is written
     RunDir.check(out, resume=False)
     job_dir.mkdir(parents=True, exist_ok=True)
-    pinned = job_dir / "config.toml"
+    pinned = job_dir / PINNED_CONFIG
     pinned.write_text(config.dumps())
     return (*_without_option(command, "--config"), "--config", str(pinned))
 
@@ -165,17 +166,17 @@ def launch(args: Any, argv: list[str], say: Callable[[str], None]) -> None:
     opts["program"] = opts.get("program") or default_program()
     generated_by = shlex.join(["galapagos", *argv])
     req = build_request(opts, command, out, site=site, after=after, generated_by=generated_by,
-                        script=Path(args.script).absolute() if args.script else out / "job" / "check.sh")
+                        script=Path(args.script).absolute() if args.script else job_folder(out) / "check.sh")
     render(req)  # scheduler-specific checks, before anything is written
     if req.stage:  # the environment the compute nodes copy to their local storage (launch/scripts/stage.py)
-        tar = pack_environment(environment(), out / "job")
+        tar = pack_environment(environment(), job_folder(out))
         say(f"environment packed for staging: {tar} ({tar.stat().st_size / 2**20:.0f} MiB)")
         req = replace(req, stage_env=tar, stage_data=_path_values(command).get("--data"))
     if args.script and not req.script.parent.is_dir():
         raise UsageError(f"--script {args.script}: directory {req.script.parent} does not exist")
     if not args.resume:
-        command = pin_config(command, out, out / "job")
-    req = replace(req, command=command, script=req.script if args.script else next_script(out / "job",
+        command = pin_config(command, out, job_folder(out))
+    req = replace(req, command=command, script=req.script if args.script else next_script(job_folder(out),
                                                                                          req.scheduler))
     jobs = [req]
     for k in range(args.chain):

@@ -103,7 +103,8 @@ def mpiexec() -> str:
         return str(local)
     found = shutil.which("mpiexec") or shutil.which("mpirun")
     if not found:
-        raise RuntimeError("no mpiexec found: install MPI (pip install 'galapagos-nas[mpich]') or set GALAPAGOS_MPIEXEC")
+        raise RuntimeError("no mpiexec found: install MPI (pip install 'galapagos-nas[mpich]') or set "
+                           "GALAPAGOS_MPIEXEC")
     return found
 
 

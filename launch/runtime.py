@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from galapagos.launch.protocol import TAG, Cancel, Progress, RankFailed, Ready, Result, Status, Stop, Stopped, Task
 from galapagos.launch.mpi import Backoff
+from galapagos.launch.protocol import TAG, Cancel, Progress, RankFailed, Ready, Result, Status, Stop, Stopped, Task
 from galapagos.launch.supervisor import START_TIMEOUT, Supervisor
 
 log = logging.getLogger(__name__)

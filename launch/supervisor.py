@@ -16,8 +16,8 @@ from multiprocessing import Pipe
 from pathlib import Path
 
 from galapagos.launch.placement import core_count
-from galapagos.launch.protocol import (Cancel, Outcome, Progress, Result, Status, Stop, Task, TrainerDevice, TrainerFailed,
-                             TrainerReady, TrainerSetup)
+from galapagos.launch.protocol import (Cancel, Outcome, Progress, Result, Status, Stop, Task, TrainerDevice,
+                                       TrainerFailed, TrainerReady, TrainerSetup)
 
 log = logging.getLogger(__name__)
 

@@ -19,7 +19,8 @@ from multiprocessing.connection import Connection
 from typing import Any, Callable
 
 from galapagos.evolve.settings import load_function
-from galapagos.launch.protocol import Cancel, Outcome, Progress, Status, Stop, Task, TrainerDevice, TrainerFailed, TrainerReady
+from galapagos.launch.protocol import (Cancel, Outcome, Progress, Status, Stop, Task, TrainerDevice, TrainerFailed,
+                                       TrainerReady)
 
 log = logging.getLogger(__name__)
 

@@ -193,3 +193,24 @@ def test_functions_stay_readable():
                 if (n := node.end_lineno - node.lineno + 1) > MAX_FUNCTION_LINES:
                     long[f"{name}.{node.name}"] = n
     assert not long, f"functions over {MAX_FUNCTION_LINES} lines: {long}"
+
+
+RUN_FILES = {"results.jsonl", "summary.json", "config.toml", "plan.json", "pareto.json", "report.json", "clock.json",
+             "data.json", "ensemble.json", ".lock"}
+RUN_FOLDERS = {"best", "models", "members", "front", "log", "ensemble", "tensorboard", "job"}
+
+
+def test_only_the_store_builds_paths_inside_run_and_ensemble_directories():
+    """galapagos/store owns every run and ensemble directory format: no other module names one of their files, or
+    joins one of their folders onto a path (`x / "best"`)."""
+    found = []
+    for name, path in modules().items():
+        if name.startswith(("galapagos.store.", "galapagos.launch.scripts.")):  # the latter owns a job's folder, job/
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in RUN_FILES:
+                found.append(f"{name}:{node.lineno} {node.value!r}")
+            elif (isinstance(node, ast.BinOp) and isinstance(node.op, ast.Div) and isinstance(node.right, ast.Constant)
+                  and node.right.value in RUN_FOLDERS):
+                found.append(f"{name}:{node.lineno} / {node.right.value!r}")
+    assert not found, f"paths inside a run or ensemble directory built outside galapagos/store: {found}"

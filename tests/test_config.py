@@ -3,9 +3,9 @@ import re
 
 import pytest
 
+from galapagos.config import SECTIONS, Config, EnsembleConfig, load_config, parse_value
 from galapagos.evolve.errors import ConfigError
 from galapagos.evolve.train import TrainConfig
-from galapagos.config import SECTIONS, Config, EnsembleConfig, load_config, parse_value
 from galapagos.options import TRAIN_TASK
 
 

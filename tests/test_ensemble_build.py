@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from galapagos import cli
 from galapagos.ensemble.members import SEED_BASE, choose_members
+from galapagos.examples import shapes
+from galapagos.models import load_network
 from galapagos.store.ensembledir import EnsembleDir, EnsembleError, load_manifest
 from galapagos.store.journal import JournalRecord
-from galapagos.examples import shapes
-from galapagos import cli
-from galapagos.models import load_network
 from tests.mpirun import describe_run, run_mpi
 from tests.test_evolve_run import SMALL, galapagos, journal
 

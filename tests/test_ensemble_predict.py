@@ -10,14 +10,14 @@ import numpy as np
 import pytest
 import torch
 
+from galapagos.cli import main
 from galapagos.ensemble.average import assigned, average
 from galapagos.ensemble.metrics import classification_metrics, regression_metrics
-from galapagos.store.ensembledir import EnsembleDir, EnsembleError, load_manifest, save_manifest
 from galapagos.examples import cosmoflow, shapes
 from galapagos.examples.random_ensemble import write_random_ensemble
-from galapagos.cli import main
 from galapagos.flows.prediction import _device, predict, predict_ensemble
 from galapagos.models import load_network, predict_outputs
+from galapagos.store.ensembledir import EnsembleDir, EnsembleError, load_manifest, save_manifest
 from tests.mpirun import describe_run, run_mpi
 from tests.test_evolve_run import galapagos
 

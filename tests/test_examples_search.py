@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+from galapagos.config import load_config
 from galapagos.datashare.format import load, validate
 from galapagos.evolve.check import check_genome, count_params
 from galapagos.evolve.errors import InvalidGenome
@@ -18,7 +19,6 @@ from galapagos.evolve.netdir import NetworkDir
 from galapagos.evolve.problem import Problem
 from galapagos.evolve.space import SearchSpace
 from galapagos.examples import signals, tabular
-from galapagos.config import load_config
 
 
 @pytest.mark.parametrize("module, shape, task, classes", [(signals, (1, 128), "classification", 10),

@@ -22,9 +22,9 @@ ALL_ON_GPUS = os.environ.get("GALAPAGOS_TEST_GPUS", "") == "1"
 def child_training(device: str | None = None) -> None:
     """Run in a process of its own: one 2D and one 3D candidate on this process's GPU (or `device`), each with the
     default layout ("auto": channels-last for 2D there) and the contiguous one; their summaries as one JSON line."""
-    from galapagos.launch.placement import place
     from galapagos.evolve.problem import Problem
     from galapagos.evolve.train import TrainConfig, train_candidate
+    from galapagos.launch.placement import place
     from tests.test_train import blobs, genome
 
     device = device or place(0, 1).device
@@ -45,6 +45,7 @@ def child_graphs() -> None:
     and with `train.cuda_graphs`; a graphed network's outputs and gradients against its eager ones, on two batches;
     and a network that syncs with the host in its forward, which cannot be captured. The results as one JSON line."""
     import torch
+
     from galapagos.evolve.build import build_model
     from galapagos.evolve.problem import Problem
     from galapagos.evolve.train import TrainConfig, graphed, train_candidate

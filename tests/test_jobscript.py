@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from galapagos.examples import shapes
 from galapagos.cli import main
+from galapagos.examples import shapes
 from galapagos.launch.scripts import (SCHEDULERS, SCHEDULERS_ORDER, JobScriptError, check_queue_limits, load_site,
-                            parse_walltime, smt_level)
+                                      parse_walltime, smt_level)
 from tests.mpirun import REPO
 
 SITES = sorted((REPO / "examples" / "sites").glob("*.toml"))

@@ -12,7 +12,8 @@ import pytest
 from galapagos.evolve.check import count_params
 from galapagos.evolve.engine import Engine, EvolutionConfig
 from galapagos.evolve.errors import ConfigError
-from galapagos.evolve.pareto import Front, best_pick, dominates, nsga2_rank, nsga2_survivors, objective_values, parse_pick
+from galapagos.evolve.pareto import (Front, best_pick, dominates, nsga2_rank, nsga2_survivors, objective_values,
+                                     parse_pick)
 from galapagos.store.journal import JournalRecord
 from tests.test_engine import IMAGE, SPACE, record, synthetic_fitness
 from tests.test_evolve_run import SMALL, galapagos, shapes_file  # noqa: F401 - fixture

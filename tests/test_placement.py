@@ -10,9 +10,9 @@ import os
 from pathlib import Path
 
 import pytest
+from mpirun import describe_run, run_mpi
 
 from galapagos.launch.placement import Gpu, Topology, cpulist, node_placement, place, read_topology
-from mpirun import describe_run, run_mpi
 
 FIXTURES = Path(__file__).parent / "fixtures" / "topology"
 NODES = sorted(p.stem for p in FIXTURES.glob("*.json"))

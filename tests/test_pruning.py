@@ -6,14 +6,14 @@ import time
 
 import pytest
 
+from galapagos.config import load_config
 from galapagos.evolve.engine import Engine
 from galapagos.evolve.problem import Problem
-from galapagos.config import load_config
 from galapagos.flows.evolution_source import EvolutionSource
+from galapagos.launch.protocol import Progress, Result, Status, Task
 from galapagos.reports.progress import ProgressView
 from galapagos.store.journal import JournalRecord
 from galapagos.store.rundir import RunDir
-from galapagos.launch.protocol import Progress, Result, Status, Task
 
 BASE = ["run.evaluations=20", "run.prune_min_results=3", "run.prune_after=2", "train.epochs=6"]
 

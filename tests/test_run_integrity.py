@@ -19,8 +19,8 @@ import pytest
 
 from galapagos.datashare.format import inspect
 from galapagos.datashare.write import write_dataset
-from galapagos.store import fingerprint, runlock
 from galapagos.errors import RunDirError
+from galapagos.store import fingerprint, runlock
 from galapagos.store.fingerprint import data_fingerprint, sample_ranges
 from galapagos.store.rundir import RunDir
 from tests.mpirun import REPO, describe_run, mpiexec, run_mpi

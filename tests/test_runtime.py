@@ -7,8 +7,8 @@ from collections import deque
 import pytest
 
 import galapagos.launch.runtime as runtime
-from galapagos.launch.protocol import (EXIT_LOST, TAG, Cancel, Progress, RankFailed, Ready, Result, Status, Stop, Stopped,
-                             Task)
+from galapagos.launch.protocol import (EXIT_LOST, TAG, Cancel, Progress, RankFailed, Ready, Result, Status, Stop,
+                                       Stopped, Task)
 from galapagos.launch.runtime import MasterState, master_serve
 from galapagos.launch.session import abort_if_lost
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import h5py
 import numpy as np
 import pytest
-
-from galapagos.datashare.write import write_dataset
-from galapagos.datashare.shm import remove_stale
 from mpirun import assert_ranks, describe_run, run_mpi
+
+from galapagos.datashare.shm import remove_stale
+from galapagos.datashare.write import write_dataset
 
 SCRIPT = Path(__file__).parent / "mpi_scripts" / "share_check.py"
 pytestmark = pytest.mark.mpi

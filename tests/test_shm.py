@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from mpirun import REPO, describe_run
 
 from galapagos.datashare.layout import ALIGN, layout, specs_of, views
 from galapagos.datashare.shm import SharedArrays
-from mpirun import REPO, describe_run
 
 # ---------------------------------------------------------------------------------------------- layout
 

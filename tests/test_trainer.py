@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from galapagos.launch.protocol import (Cancel, Outcome, Progress, Status, Stop, Task, TrainerFailed, TrainerReady,
-                             TrainerSetup)
+                                       TrainerSetup)
 
 REPO = Path(__file__).resolve().parent.parent
 WAIT = 60.0  # seconds for any one message: the child imports nothing heavy, so a hang is what this catches

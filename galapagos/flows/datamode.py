@@ -12,9 +12,9 @@ from galapagos.datashare.budget import MODES, MemoryPlan, chunk_rows, memory_pla
 from galapagos.datashare.format import DatasetInfo
 from galapagos.datashare.plan import DataShareError, dataset_plan
 from galapagos.datashare.stream import partial_plan, worker_want
-from galapagos.evolve.task import DEVICE_MODES, DataAccess
-from galapagos.evolve.settings import Check, Table
 from galapagos.errors import UsageError
+from galapagos.evolve.settings import Check, Table
+from galapagos.evolve.task import DEVICE_MODES, DataAccess
 
 log = logging.getLogger(__name__)
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
+from galapagos.errors import NoResult
 from galapagos.evolve.files import write_json
 from galapagos.flows import ensembling, evolution
-from galapagos.errors import NoResult
 from galapagos.flows.mpijob import Flow
 from galapagos.flows.session import MasterSession
+from galapagos.launch.runtime import stop_signal
 from galapagos.options import EvolveOptions
 from galapagos.reports.summary import design_report
 from galapagos.store.rundir import RunDir
-from galapagos.launch.runtime import stop_signal
 
 
 def master(comm: Any, opts: EvolveOptions) -> dict:

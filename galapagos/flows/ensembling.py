@@ -18,11 +18,12 @@ from typing import Any
 
 import numpy as np
 
+from galapagos.config import Config, ensemble_overrides, load_config
 from galapagos.datashare.format import DataError, inspect, load
 from galapagos.datashare.plan import dataset_plan
 from galapagos.ensemble.members import MemberSpec, choose_members
 from galapagos.ensemble.selection import Selection, combine, pixel_samples, select
-from galapagos.store.ensembledir import EnsembleDir, EnsembleError, Manifest, Member, save_manifest
+from galapagos.errors import RunDirError, UsageError
 from galapagos.evolve.check import count_params
 from galapagos.evolve.files import write_json
 from galapagos.evolve.genome import Genome
@@ -30,17 +31,16 @@ from galapagos.evolve.netdir import ModelError, NetworkDir
 from galapagos.evolve.pareto import parse_pick
 from galapagos.evolve.problem import Problem
 from galapagos.evolve.task import TrainTask
-from galapagos.config import Config, ensemble_overrides, load_config
 from galapagos.flows.mpijob import Flow, setup_logging
 from galapagos.flows.session import MasterSession
-from galapagos.options import EnsembleOptions
-from galapagos.reports.progress import ProgressView, Snapshot
 from galapagos.flows.sources import JournalSource
-from galapagos.errors import RunDirError, UsageError
-from galapagos.store.journal import JournalRecord
-from galapagos.store.rundir import RunDir
 from galapagos.launch.protocol import Result, Setup, Status, Task
 from galapagos.launch.runtime import stop_signal
+from galapagos.options import EnsembleOptions
+from galapagos.reports.progress import ProgressView, Snapshot
+from galapagos.store.ensembledir import EnsembleDir, EnsembleError, Manifest, Member, save_manifest
+from galapagos.store.journal import JournalRecord
+from galapagos.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
 

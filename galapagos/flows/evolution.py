@@ -9,25 +9,25 @@ import logging
 import time
 from typing import Any
 
+from galapagos.config import Config, evolve_config, load_config
 from galapagos.datashare.format import DatasetInfo, inspect
+from galapagos.errors import NoResult, RunDirError, UsageError
 from galapagos.evolve.ahead import Ahead
 from galapagos.evolve.engine import Engine
 from galapagos.evolve.problem import Problem
 from galapagos.evolve.settings import load_function
-from galapagos.config import Config, evolve_config, load_config
 from galapagos.flows.datamode import data_memory, data_setup
-from galapagos.errors import NoResult, RunDirError, UsageError
-from galapagos.store.fingerprint import data_fingerprint
 from galapagos.flows.evolution_source import EvolutionSource
 from galapagos.flows.mpijob import Flow, default_workers, setup_logging
 from galapagos.flows.session import MasterSession
-from galapagos.options import TRAIN_TASK, EvolveOptions
-from galapagos.reports.summary import summarize
-from galapagos.store.rundir import RunDir
-from galapagos.reports.tracking import Tracker, check_tracking
 from galapagos.flows.warmstart import seed_genomes
 from galapagos.launch.protocol import Setup
 from galapagos.launch.runtime import MasterState, stop_signal
+from galapagos.options import TRAIN_TASK, EvolveOptions
+from galapagos.reports.summary import summarize
+from galapagos.reports.tracking import Tracker, check_tracking
+from galapagos.store.fingerprint import data_fingerprint
+from galapagos.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
 

@@ -10,6 +10,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
+from galapagos.config import Config
 from galapagos.evolve.ahead import Ahead
 from galapagos.evolve.check import count_params
 from galapagos.evolve.engine import Engine
@@ -19,13 +20,12 @@ from galapagos.evolve.netdir import NetworkDir
 from galapagos.evolve.pareto import OBJECTIVES, Front, objective_values
 from galapagos.evolve.problem import Problem
 from galapagos.evolve.task import TrainTask
-from galapagos.config import Config
+from galapagos.flows.sources import JournalSource
+from galapagos.launch.protocol import Result, Status, Task
 from galapagos.reports.progress import ProgressView, Snapshot
+from galapagos.reports.tracking import Tracker
 from galapagos.store.journal import JournalRecord
 from galapagos.store.rundir import RunDir
-from galapagos.flows.sources import JournalSource
-from galapagos.reports.tracking import Tracker
-from galapagos.launch.protocol import Result, Status, Task
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ class EvolutionSource(JournalSource):
                  deadline: float | None = None, view: ProgressView | None = None, records: list[JournalRecord] = (),
                  spent: float = 0.0, tracker: Tracker | None = None, access: Any = None):
         super().__init__(run, records, view=view, deadline=deadline, keep=False)
-        self.access = access  # how trainers read the training split (galapagos/datamode.py); None: resident
+        self.access = access  # how trainers read the training split (galapagos/flows/datamode.py); None: resident
         self.tracker = tracker  # experiment tracking ([report]), if any
         self.spent = spent  # search seconds of the run's earlier jobs
         self.engine, self.config, self.run, self.problem = engine, config, run, problem
@@ -199,9 +199,8 @@ class EvolutionSource(JournalSource):
 
     def _save_pareto(self) -> None:
         objectives = self.config.evolution.objectives
-        self.run.save(self.run.pareto, {
-            "objectives": [[o, "max" if OBJECTIVES[o][0] > 0 else "min"] for o in objectives],
-            "members": sorted(self.front_rows.values(), key=lambda m: (-m["fitness"], m["id"]))})
+        self.run.save_front([[o, "max" if OBJECTIVES[o][0] > 0 else "min"] for o in objectives],
+                            sorted(self.front_rows.values(), key=lambda m: (-m["fitness"], m["id"])))
 
     def judge(self, task_id: int) -> Status | None:
         """Median stopping: a candidate whose best so far is below the median of finished ones at this epoch (those

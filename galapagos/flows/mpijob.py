@@ -209,8 +209,8 @@ def _run_job(cmd: list[str], ready: Path) -> tuple[int, str | None]:
     master touches `ready` then; a rank still starting would die of it); a second signal ends the job at once. If
     this process dies, mpiexec gets SIGTERM (PR_SET_PDEATHSIG) and ends the ranks: no job trains on unattended.
     """
-    from galapagos.reports.progress import PROGRESS_FILE, ProgressBar
     from galapagos.launch.trainer import die_with_parent
+    from galapagos.reports.progress import PROGRESS_FILE, ProgressBar
 
     got: list[int] = []
     try:
@@ -261,11 +261,11 @@ def user_errors() -> tuple[type[Exception], ...]:
     """The errors that mean bad input: one line and exit code 2 for the user, never a traceback."""
     from galapagos.datashare.format import DataError
     from galapagos.datashare.share import DataShareError
-    from galapagos.store.ensembledir import EnsembleError
+    from galapagos.errors import RunDirError
     from galapagos.evolve.errors import ConfigError
     from galapagos.evolve.netdir import ModelError
-    from galapagos.errors import RunDirError
     from galapagos.launch.scripts import JobScriptError
+    from galapagos.store.ensembledir import EnsembleError
 
     return (UsageError, ConfigError, DataError, DataShareError, RunDirError, EnsembleError, ModelError,
             JobScriptError)

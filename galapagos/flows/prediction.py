@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 from pathlib import Path
@@ -13,15 +12,15 @@ import h5py
 import numpy as np
 import torch
 
-from galapagos.models import load_network, model_dir, predict_outputs
 from galapagos.datashare.format import CLASS_TASKS, DataError, DatasetInfo, load
 from galapagos.ensemble.average import Averaged, assigned, average, first_error
 from galapagos.ensemble.metrics import classification_metrics, field_metrics, regression_metrics, segmentation_metrics
-from galapagos.store.ensembledir import EnsembleDir, EnsembleError, Manifest, is_ensemble, load_manifest
+from galapagos.errors import RunDirError, UsageError
 from galapagos.evolve.pareto import best_pick
 from galapagos.evolve.problem import Problem
-from galapagos.errors import UsageError
+from galapagos.models import load_network, model_dir, predict_outputs
 from galapagos.options import PredictOptions
+from galapagos.store.ensembledir import EnsembleDir, EnsembleError, Manifest, is_ensemble, load_manifest
 from galapagos.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -200,15 +199,19 @@ def _save(path: str | Path, avg: Averaged, y: np.ndarray, info: DatasetInfo, *, 
 
 def pick_network(run: str | Path, spec: str) -> str:
     """`--model RUN --pick SPEC`: the directory of the member of the run's Pareto front that SPEC names."""
-    pareto = RunDir(run).pareto
-    if not pareto.exists():
-        raise UsageError(f"--pick: {run} has no {pareto.name}: only the directory of a run with several [evolution] "
-                         "objectives keeps a Pareto front")
+    rundir = RunDir(run)
     try:
-        members = json.loads(pareto.read_text())["members"]
+        front = rundir.read_front()
+    except RunDirError as exc:
+        raise UsageError(f"--pick: {exc}") from None
+    if front is None:
+        raise UsageError(f"--pick: {run} has no {rundir.pareto.name}: only the directory of a run with several "
+                         "[evolution] objectives keeps a Pareto front")
+    members = front["members"]
+    try:
         chosen = best_pick([SimpleNamespace(**m, metrics={"latency_ms": m["latency_ms"]}) for m in members], spec)
-    except (OSError, KeyError, TypeError, AttributeError, json.JSONDecodeError) as exc:
-        raise UsageError(f"--pick: unreadable {pareto}: {exc!r}") from None
+    except (KeyError, TypeError, AttributeError) as exc:
+        raise UsageError(f"--pick: unreadable {rundir.pareto}: {exc!r}") from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
     if chosen is None:
@@ -216,7 +219,7 @@ def pick_network(run: str | Path, spec: str) -> str:
                           f"{m['latency_ms'] if m['latency_ms'] is None else round(m['latency_ms'], 3)}"
                           for m in members)
         raise UsageError(f"--pick {spec}: no network on the Pareto front of {run} meets it; the front holds {front}")
-    return str(Path(run) / chosen.dir)
+    return str(rundir.front_member(vars(chosen)))
 
 
 def used_members(path: str | Path) -> int | None:

@@ -7,11 +7,11 @@ import time
 from collections import Counter
 
 from galapagos.evolve.genome import Genome
+from galapagos.launch.protocol import Progress, Result, Status
+from galapagos.launch.runtime import MasterState
 from galapagos.reports.progress import ProgressView, Snapshot
 from galapagos.store.journal import JournalRecord, journal_record
 from galapagos.store.rundir import FLUSH_EVERY, JournalDir
-from galapagos.launch.protocol import Progress, Result, Status
-from galapagos.launch.runtime import MasterState
 
 
 class JournalSource:

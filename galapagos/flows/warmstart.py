@@ -4,9 +4,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from galapagos.errors import UsageError
 from galapagos.evolve.errors import InvalidGenome
 from galapagos.evolve.genome import Genome
-from galapagos.errors import UsageError
 from galapagos.store.rundir import RunDir
 
 

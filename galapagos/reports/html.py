@@ -18,10 +18,10 @@ from pathlib import Path
 
 import numpy as np
 
-from galapagos.store.ensembledir import is_ensemble, load_manifest
 from galapagos.errors import RunDirError
 from galapagos.evolve.pareto import Front, objective_values
 from galapagos.reports.summary import format_metrics, format_pareto, format_summary, run_report
+from galapagos.store.ensembledir import is_ensemble, load_manifest
 from galapagos.store.journal import JournalRecord
 from galapagos.store.rundir import RunDir
 
@@ -232,9 +232,9 @@ def ensemble_plots(page: Page, root: Path, metrics: dict) -> None:
     if not data or not Path(data).exists():
         page.text(f"Calibration and uncertainty need the ensemble's data file ({data or 'unknown'}), not found here.")
         return
-    from galapagos.flows.prediction import predict_ensemble
-
     import h5py
+
+    from galapagos.flows.prediction import predict_ensemble
 
     with tempfile.TemporaryDirectory() as tmp:
         predict_ensemble(root, data, split, save=Path(tmp) / "p.h5", per_member=False)

@@ -159,9 +159,8 @@ def run_report(path: str | Path, top: int = 5) -> dict:
     best = sorted((r for r in records if r.fitness is not None), key=lambda r: -r.fitness)[:top]
     summary["top"] = [{"id": r.id, "fitness": r.fitness, "status": r.status,
                        "genome": Genome.from_json(r.genome).describe()} for r in best]
-    if run.pareto.exists():
-        summary["pareto"] = json.loads(run.pareto.read_text())
-        summary["pareto_front"] = len(summary["pareto"]["members"])
+    if (front := run.read_front()) is not None:
+        summary["pareto"], summary["pareto_front"] = front, len(front["members"])
     built = EnsembleDir(run.ensemble).metrics
     if built.exists():
         summary["ensemble"] = json.loads(built.read_text())

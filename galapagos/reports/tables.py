@@ -5,8 +5,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from galapagos.evolve.genome import Genome
 from galapagos.errors import RunDirError
+from galapagos.evolve.genome import Genome
 from galapagos.store.rundir import JournalDir
 
 FIRST = ("id", "name", "status", "fitness", "params", "seconds", "epochs", "origin", "parents", "rank", "host")

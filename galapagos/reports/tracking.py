@@ -15,8 +15,8 @@ import importlib.util
 import logging
 from pathlib import Path
 
-from galapagos.evolve.genome import Genome
 from galapagos.errors import UsageError
+from galapagos.evolve.genome import Genome
 from galapagos.store.journal import JournalRecord
 from galapagos.store.rundir import RunDir
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from galapagos.datashare.format import DatasetInfo
+from galapagos.errors import RunDirError
 from galapagos.evolve.files import write_json
 from galapagos.evolve.netdir import NetworkDir
-from galapagos.errors import RunDirError
 from galapagos.store.fingerprint import STRUCTURE, data_fingerprint, describe_data
 from galapagos.store.journal import JournalRecord
 from galapagos.store.runlock import RunLock
@@ -234,6 +234,27 @@ class RunDir(JournalDir):
     def front_dir(self, eval_id: int) -> Path:
         """The network directory of a member of the Pareto front (front/ID)."""
         return self.front / str(eval_id)
+
+    def save_front(self, objectives: list[list[str]], members: list[dict]) -> None:
+        """pareto.json: the objectives ([name, "max" or "min"]) and a row per member of the front (id, its network
+        directory `dir` relative to the run, fitness and the other objectives' values)."""
+        self.save(self.pareto, {"objectives": objectives, "members": members})
+
+    def read_front(self) -> dict | None:
+        """pareto.json as saved; None when the run keeps no Pareto front."""
+        if not self.pareto.exists():
+            return None
+        try:
+            front = json.loads(self.pareto.read_text())
+            if not isinstance(front.get("members"), list):
+                raise ValueError("no list of members")
+        except (OSError, ValueError, AttributeError) as exc:
+            raise RunDirError(f"unreadable {self.pareto}: {exc!r}") from None
+        return front
+
+    def front_member(self, row: dict) -> Path:
+        """The network directory a row of pareto.json names."""
+        return self.path / row["dir"]
 
     def save_network(self, dest: Path, record: JournalRecord, extra: dict) -> None:
         """Copy an evaluation's weights, genome and metrics into a network directory, best/ or front/ID (each file

@@ -64,7 +64,7 @@ class JobRequest:
 
     @property
     def job_dir(self) -> Path:
-        return self.script.parent if self.script else self.out / "job"
+        return self.script.parent if self.script else job_folder(self.out)
 
     @property
     def stem(self) -> str:
@@ -273,6 +273,12 @@ SITE_KEYS = (*OPTION_KEYS, "directives", "env", "machine", "queues", "descriptio
 MACHINE_KEYS = ("max_nodes", "gpus_per_node", "cpus_per_node")
 QUEUE_KEYS = ("min_nodes", "max_nodes", "min_walltime", "max_walltime", "bins", "description")
 BIN_KEYS = ("min_nodes", "max_nodes", "max_walltime")
+def job_folder(run_dir: Path) -> Path:
+    """<run dir>/job/: the job scripts, their settings, the pinned config and the packed environment."""
+    return Path(run_dir) / "job"
+
+
+PINNED_CONFIG = "config.toml"  # in <run dir>/job/: the evolve config the job script runs with, resolved at launch
 SETTINGS = "launch.toml"  # in <run dir>/job/: what `launch --resume` needs to write the follow-up job
 
 
@@ -349,7 +355,7 @@ def save_settings(req: JobRequest, job_id: str | None = None) -> Path:
 
     import tomli_w
 
-    path = req.out / "job" / SETTINGS
+    path = job_folder(req.out) / SETTINGS
     jobs = tomllib.loads(path.read_text()).get("jobs", []) if path.exists() else []
     jobs.append({"script": str(req.script), **({"id": job_id} if job_id else {})})
     lay = req.layout
@@ -371,7 +377,7 @@ def save_settings(req: JobRequest, job_id: str | None = None) -> Path:
 def load_settings(run_dir: Path) -> dict:
     import tomllib
 
-    path = run_dir / "job" / SETTINGS
+    path = job_folder(run_dir) / SETTINGS
     if not path.exists():
         raise JobScriptError(f"--resume {run_dir}: no {path.relative_to(run_dir)} (was this run started with "
                              "`galapagos launch`?)")

@@ -1,10 +1,9 @@
 """Ranks waiting on others must not spin: CPU seconds of the master and the worker ranks while tasks sleep."""
 import time
 
-from galapagos.launch.protocol import Setup
-from galapagos.launch.session import master_run, worker_main
-from galapagos.launch.protocol import Task
 from galapagos.launch.mpi import world
+from galapagos.launch.protocol import Setup, Task
+from galapagos.launch.session import master_run, worker_main
 
 
 class Sleepers:

@@ -5,10 +5,10 @@ import sys
 
 from galapagos.flows import evolution
 from galapagos.flows.mpijob import setup_logging
-from galapagos.options import EvolveOptions
 from galapagos.launch.mpi import world
 from galapagos.launch.runtime import catch_stop_signals
 from galapagos.launch.session import worker_main
+from galapagos.options import EvolveOptions
 
 data, out = sys.argv[1:3]
 catch_stop_signals()

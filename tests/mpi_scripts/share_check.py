@@ -14,7 +14,8 @@ import zlib
 
 import numpy as np
 
-from galapagos.datashare import checksums, share as ds
+from galapagos.datashare import checksums
+from galapagos.datashare import share as ds
 from galapagos.datashare.plan import Plan, Source, array_name, dataset_plan, split_arrays
 from galapagos.datashare.share import DataShareError, open_shared, share
 from galapagos.launch.mpi import node_comm, world
