@@ -1,7 +1,6 @@
 """Several objectives: dominance, the incremental front, NSGA-II in the engine, picks by id or constraint."""
 from __future__ import annotations
 
-import dataclasses
 import itertools
 import json
 import math
@@ -48,9 +47,9 @@ def test_dominance_and_the_incremental_front_match_the_definition():
 def test_objective_values_read_the_journal_record_and_refuse_missing_ones():
     rec = JournalRecord(0, {}, "ok", 0.9, {"latency_ms": 0.4}, params=1200)
     assert objective_values(rec, ("fitness", "params", "latency")) == (0.9, 1200.0, 0.4)
-    assert objective_values(dataclasses.replace(rec, metrics={}), ("fitness", "latency")) is None
-    assert objective_values(dataclasses.replace(rec, fitness=None), ("fitness",)) is None
-    assert objective_values(dataclasses.replace(rec, fitness=math.nan), ("fitness",)) is None
+    assert objective_values(rec.replace(metrics={}), ("fitness", "latency")) is None
+    assert objective_values(rec.replace(fitness=None), ("fitness",)) is None
+    assert objective_values(rec.replace(fitness=math.nan), ("fitness",)) is None
 
 
 def test_nsga2_keeps_whole_fronts_then_the_least_crowded():
@@ -77,7 +76,7 @@ def drive(engine: Engine, n: int) -> list[JournalRecord]:
     out = []
     for _ in range(n):
         c = engine.ask()
-        rec = dataclasses.replace(record(c, synthetic_fitness(c.genome)), params=count_params(c.genome, IMAGE))
+        rec = record(c, synthetic_fitness(c.genome)).replace(params=count_params(c.genome, IMAGE))
         engine.tell(c.id, rec.fitness, "ok", objective_values(rec, OBJ))
         out.append(rec)
     return out

@@ -71,8 +71,9 @@ def test_a_line_written_before_journal_record_reads_back(tmp_path):
 
 def test_keys_a_line_lacks_take_their_defaults_and_unknown_ones_are_left_out():
     r = JournalRecord.from_dict({"id": 3, "genome": GENOME, "status": "failed", "later": 1})
-    assert (r.fitness, r.metrics, r.curve, r.parents, r.origin, r.key, r.params) == (None, {}, [], None, None,
-                                                                                     None, None)
+    assert (r.fitness, dict(r.metrics), list(r.curve), r.parents, r.origin, r.key, r.params) == (
+        None, {}, [], None, None, None, None)
+    assert r.to_dict()["metrics"] == {} and r.to_dict()["curve"] == ()  # written as {} and []
     with pytest.raises(TypeError, match="status"):
         JournalRecord.from_dict({"id": 3, "genome": GENOME})
 

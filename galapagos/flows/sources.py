@@ -2,7 +2,6 @@
 journalled the moment it arrives, the learning curve of each running task, and the progress display."""
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections import Counter
 
@@ -45,7 +44,7 @@ class JournalSource:
         self.journal.append(record)
         if self.keep:
             genome = record.genome
-            self.records.append(dataclasses.replace(record, genome=genome.to_json())
+            self.records.append(record.replace(genome=genome.to_json())
                                 if isinstance(genome, Genome) else record)
         self.done += 1
         self.by_status[record.status] += 1
