@@ -14,6 +14,14 @@ proportional set size (shared pages counted once across the ranks that map them)
 
 instead measures a real `galapagos evolve` job: PSS summed over all its processes while its trainers run, on the
 file and on one 1/32 its size, so that what grows with the data shows as copies of the data on the node.
+
+    python -m bench.datashare --cluster 2 4 8 --gib 0.5        (as root)
+
+measures between nodes: on a cluster of namespace nodes (tests/cluster.py: each node its own network, hostname and
+/dev/shm, veths to one bridge), the time until every node holds the data (one rank per node, started by Hydra
+across the nodes, MPICH over TCP on the veths), against two plain TCP copies of the same bytes from node 0's
+memory over the same veths in the same run: to one other node (the floor: no broadcast can beat one link's copy)
+and to every other node at once (what a file server that sends each node its copy would do).
 """
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ import argparse
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import tempfile
@@ -30,6 +39,8 @@ from pathlib import Path
 import numpy as np
 
 PAGE = 4096
+PORT = 47213  # the plain TCP copies' port, inside the cluster's nodes (their own network namespaces)
+REPO = Path(__file__).resolve().parent.parent
 
 
 def _memory() -> tuple[int, int]:
@@ -204,6 +215,94 @@ def memory_table(gib: float, workers: int, evaluations: int, tmp: Path) -> None:
           f"{(large['median'] - small['median']) / grown:.2f}, max {(large['max'] - small['max']) / grown:.2f}")
 
 
+def tcp_receive(nbytes: int) -> None:
+    """In a node: take `nbytes` from one connection into fresh memory, touch them as `_touch` does, answer one byte."""
+    listener = socket.create_server(("", PORT))
+    print("listening", flush=True)
+    conn, _ = listener.accept()
+    buf = np.empty(nbytes, np.uint8)
+    view, got = memoryview(buf), 0
+    while got < nbytes:
+        n = conn.recv_into(view[got:], min(nbytes - got, 8 << 20))
+        if not n:
+            raise SystemExit(f"{socket.gethostname()}: connection closed after {got} of {nbytes} bytes")
+        got += n
+    int(buf[::PAGE].sum())
+    conn.sendall(b"k")
+    conn.close()
+
+
+def tcp_send(nbytes: int, hosts: list[str]) -> None:
+    """In node 0: send `nbytes` from memory to every host at once (a thread each) and wait for each to answer."""
+    import threading
+
+    data = np.ones(nbytes, np.uint8)
+    conns = [socket.create_connection((h, PORT)) for h in hosts]
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=c.sendall, args=(memoryview(data),)) for c in conns]
+    for t in threads:
+        t.start()
+    for t, c in zip(threads, conns):
+        t.join()
+        if c.recv(1) != b"k":
+            raise SystemExit("a receiver did not confirm")
+    print("RESULT " + json.dumps({"seconds": time.perf_counter() - t0}), flush=True)
+
+
+def tcp_copy(cluster, nbytes: int, to: list[str]) -> float:
+    """Seconds to copy `nbytes` from node 0's memory to each node in `to` at once over plain TCP."""
+    me = [sys.executable, "-m", "bench.datashare", "--nbytes", str(nbytes)]
+    receivers = [cluster.popen(h, [*me, "--tcp-receive"], cwd=REPO, stdout=subprocess.PIPE, text=True) for h in to]
+    try:
+        for r in receivers:
+            assert r.stdout.readline().strip() == "listening"
+        proc = cluster.run(0, [*me, "--tcp-send", *to], cwd=REPO, timeout=300)
+        for r in receivers:
+            r.wait(timeout=60)
+    finally:
+        for r in receivers:
+            r.kill()
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if proc.returncode or line is None:
+        raise SystemExit(f"the TCP copy failed ({proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+    return json.loads(line[7:])["seconds"]
+
+
+def between_nodes(nodes: list[int], gib: float, chunk_mib: int, repeats: int, tmp: Path) -> None:
+    """The table for --cluster: datashare across n namespace nodes against plain TCP copies over the same veths."""
+    sys.path.insert(0, str(REPO / "tests"))
+    from cluster import Cluster, cluster_problem
+
+    if (why := cluster_problem()) is not None:
+        raise SystemExit(f"--cluster: {why}")
+    path = tmp / "bench.h5"
+    nbytes = make_file(path, gib)
+    gb = nbytes / 2**30
+    print(f"{gb:.2f} GiB of data; nodes of tests/cluster.py (veths to one bridge, TCP); best of {repeats}")
+    print("| nodes | method | seconds | GiB/s | x floor |")
+    print("|---|---|---|---|---|")
+    for n in nodes:
+        with Cluster(n, name="bench") as cluster:
+            env = cluster.mpi_env({**os.environ, "PYTHONPATH": str(REPO)})
+            argv = [sys.executable, "-m", "bench.datashare", "--rank-mode", "datashare", "--file", str(path),
+                    "--chunk-mib", str(chunk_mib)]
+            runs: dict[str, list[float]] = {"floor": [], "star": [], "datashare": []}
+            for _ in range(repeats):  # the methods take turns, so that a busy moment of the machine hits each alike
+                runs["floor"].append(tcp_copy(cluster, nbytes, cluster.hosts[1:2]))
+                runs["star" if n > 2 else "floor"].append(tcp_copy(cluster, nbytes, cluster.hosts[1:]))
+                proc = cluster.mpiexec(argv, ppn=1, env=env, timeout=300, cwd=REPO)
+                line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+                if proc.returncode or line is None:
+                    raise SystemExit(f"datashare on {n} nodes failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+                runs["datashare"].append(json.loads(line[7:])["seconds"])
+            rows = {key: min(times) for key, times in runs.items() if times}
+        labels = {"floor": "TCP copy node0 -> node1 (floor)", "star": f"TCP copy node0 -> {n - 1} nodes at once",
+                  "datashare": f"datashare, {n} nodes of 1 rank"}
+        for key, seconds in rows.items():
+            print(f"| {n} | {labels[key]} | {seconds:.3f} | {gb / seconds:.2f} | {seconds / rows['floor']:.2f} |",
+                  flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--gib", type=float, default=1.0)
@@ -217,12 +316,23 @@ def main() -> None:
                    "on a --gib file and on one 1/32 its size, summed PSS of every process while the trainers run")
     p.add_argument("--workers", type=int, default=2, help="with --evolve-memory")
     p.add_argument("--evaluations", type=int, default=8, help="with --evolve-memory")
+    p.add_argument("--cluster", type=int, nargs="+", metavar="NODES", help="instead: between nodes, on clusters of "
+                   "this many namespace nodes (tests/cluster.py; root), against plain TCP copies over the same links")
     p.add_argument("--rank-mode", help=argparse.SUPPRESS)
     p.add_argument("--file", help=argparse.SUPPRESS)
+    p.add_argument("--nbytes", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--tcp-receive", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--tcp-send", nargs="+", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.rank_mode:
         return rank_main(args.rank_mode, args.file, args.chunk_mib)
+    if args.tcp_receive:
+        return tcp_receive(args.nbytes)
+    if args.tcp_send:
+        return tcp_send(args.nbytes, args.tcp_send)
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR", "/tmp")) as tmp:
+        if args.cluster:
+            return between_nodes(args.cluster, args.gib, args.chunk_mib, args.repeats, Path(tmp))
         if args.evolve_memory:
             return memory_table(args.gib, args.workers, args.evaluations, Path(tmp))
         path = Path(tmp) / "bench.h5"

@@ -16,10 +16,12 @@ from galapagos.flows.mpijob import FlowRef
 from galapagos.options import TRAIN_TASK, EnsembleOptions, EvolveOptions, PredictOptions
 
 PathLike = str | Path
-# The jobs that run a flow over MPI ranks (galapagos.flows.mpijob); worker ranks import none of them.
+# The jobs that run a flow over MPI ranks (galapagos.flows.mpijob); worker ranks of the master/worker flows import
+# none of them; every rank of a collective one (predict) runs it.
 FLOWS = {"evolve": FlowRef("galapagos.flows.evolution", task=TRAIN_TASK),
          "design": FlowRef("galapagos.flows.designing", phases=2, task=TRAIN_TASK),
-         "ensemble": FlowRef("galapagos.flows.ensembling", task=TRAIN_TASK)}
+         "ensemble": FlowRef("galapagos.flows.ensembling", task=TRAIN_TASK),
+         "predict": FlowRef("galapagos.flows.prediction", collective=True)}
 
 
 def evolve(data: PathLike, out: PathLike, *, config: PathLike | None = None, set: tuple[str, ...] = (),
@@ -151,10 +153,6 @@ def run(name: str, opts: Any) -> dict | None:
     kinds = {"evolve": EvolveOptions, "design": EvolveOptions, "ensemble": EnsembleOptions, "predict": PredictOptions}
     if isinstance(opts, dict):
         opts = kinds[name].from_dict(opts)
-    if name == "predict":
-        from galapagos.flows import prediction
-
-        return prediction.run(opts)
     return run_flow(FLOWS[name], opts)
 
 

@@ -168,13 +168,37 @@ def cmd_launch(args, argv: list[str]) -> int:
     return 0
 
 
+def cmd_setup(args) -> int:
+    from galapagos.jobs import setup
+
+    setup(args, say=show)
+    return 0
+
+
+def cmd_doctor(args) -> int:
+    from galapagos.launch.doctor import format_report, run_doctor
+
+    report = run_doctor(args.site, args.ranks, args.before_launch, args.launcher, args.pmi)
+    if report.quiet:
+        pass  # another rank of the same run: the launcher's first says it
+    elif args.before_launch:
+        for line in report.warnings:
+            print(f"galapagos doctor: warning: {line}", file=sys.stderr)
+        if report.errors:
+            print(f"galapagos doctor: {report.errors[0]}", file=sys.stderr)
+    else:
+        show(json.dumps(report.as_dict()) if args.json else format_report(report))
+    return EXIT_BAD_INPUT if report.errors else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     if not logging.getLogger().handlers:
         setup_logging(0)
     commands = {"evolve": cmd_evolve, "ensemble": cmd_ensemble, "design": cmd_design, "predict": cmd_predict,
-                "report": cmd_report, "export": cmd_export, "data": cmd_data}
+                "report": cmd_report, "export": cmd_export, "data": cmd_data, "setup": cmd_setup,
+                "doctor": cmd_doctor}
     try:
         return cmd_launch(args, argv) if args.command == "launch" else commands[args.command](args)
     except WorkerExit as exc:  # a worker rank of a job that could not start; rank 0 says why
@@ -188,9 +212,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"galapagos {args.command}: {exc}", file=sys.stderr)
         return EXIT_NO_RESULT
     except user_errors() as exc:
-        from galapagos.launch.mpi import under_launcher, world
+        from galapagos.launch.mpi import launcher_rank, under_launcher
 
-        if args.command == "predict" and under_launcher() and world().rank != 0:
+        if args.command == "predict" and under_launcher() and launcher_rank() != 0:
             return EXIT_BAD_INPUT  # every rank of an ensemble prediction has the error; rank 0 reports it
         print(f"galapagos {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -1,5 +1,6 @@
 """The `galapagos launch` command: check the Galapagos command it is to run (its options, paths and config), then
-write the job script for the scheduler (launch.scripts), save its settings and submit it with any follow-ups."""
+write the job script for the scheduler (launch.scripts), save its settings and submit it with any follow-ups; and
+`galapagos setup`, the Python environment a site profile documents."""
 from __future__ import annotations
 
 import contextlib
@@ -12,8 +13,9 @@ from pathlib import Path
 from typing import Any
 
 from galapagos.errors import UsageError
-from galapagos.launch.scripts import (OPTION_KEYS, build_request, is_active, load_settings, load_site, next_script,
-                                      parse_env, render, save_settings, submit, write_job)
+from galapagos.launch.scripts import (OPTION_KEYS, apply_site, build_request, check_chain, is_active, load_settings,
+                                      load_site, next_script, parse_env, render, save_settings, site_options, submit,
+                                      write_job)
 from galapagos.launch.scripts.request import PINNED_CONFIG, job_folder
 from galapagos.launch.scripts.stage import environment, pack_environment
 from galapagos.parser import build_parser
@@ -146,8 +148,8 @@ def launch(args: Any, argv: list[str], say: Callable[[str], None]) -> None:
         saved = load_settings(out)
         if not saved.get("stop_before_explicit"):  # derived from the old wall time: derive it again from the new
             saved.pop("stop_before", None)
-        opts = {**{k: v for k, v in site.items() if k in OPTION_KEYS},
-                **{k: v for k, v in saved.items() if k in (*OPTION_KEYS, "workdir")}, **given}
+        kept = (*OPTION_KEYS, "workdir", "modules", "route", "site")
+        opts = {**site_options(site), **{k: v for k, v in saved.items() if k in kept}, **given}
         env = {**site.get("env", {}), **saved.get("env", {}), **env}
         directives = [*saved.get("directives", site.get("directives", [])), *(args.directives or [])]
         command = resume_command(tuple(saved["command"]))
@@ -157,12 +159,15 @@ def launch(args: Any, argv: list[str], say: Callable[[str], None]) -> None:
             after = last
             say(f"waits for job {last}, which is still queued or running")
     else:
-        opts = {**{k: v for k, v in site.items() if k in OPTION_KEYS}, **given}
+        opts = {**site_options(site), **given}
         env = {**site.get("env", {}), **env}
         directives = [*site.get("directives", []), *(args.directives or [])]
         command, out = resolve_command(tokens, Path.cwd())
         after = args.after
     opts["env"], opts["directives"] = env, directives
+    opts = apply_site(site, opts, given) if site else opts  # the MPI route, QOS queues, storage's directive
+    opts["site"] = site.get("path") or opts.get("site")
+    check_chain(site, opts, args.chain)
     opts["program"] = opts.get("program") or default_program()
     generated_by = shlex.join(["galapagos", *argv])
     req = build_request(opts, command, out, site=site, after=after, generated_by=generated_by,
@@ -194,3 +199,28 @@ def launch(args: Any, argv: list[str], say: Callable[[str], None]) -> None:
         if job_id:
             say(f"submitted: {job.scheduler} job {job_id}")
         previous = job_id
+
+
+def setup(args: Any, say: Callable[[str], None]) -> None:
+    """Make the environment the site documents (workstation: a venv with torch and galapagos-nas[mpich]), or print
+    the commands where they need the centre's modules (every centre profile) or --print asks for them."""
+    from galapagos.launch.scripts.envsetup import SetupOptions, run_plan, runnable, setup_plan
+
+    site = load_site(args.site)
+    opts = SetupOptions(source=args.source, torch=args.torch, python=args.python,
+                        system_site_packages=args.system_site_packages, pip_args=tuple(shlex.split(args.pip_args)))
+    target = Path(args.dir).absolute()
+    lines = setup_plan(site, target, opts)
+    name = site["name"]
+    if args.print_only or not runnable(site):
+        where = "here" if runnable(site) else f"on a login node of {name} ({site['mpi'].get('doc', site['path'])})"
+        say(f"# the Python environment for {name}, by its MPI route ({site['mpi']['route']}): run these {where}")
+        for line in lines:
+            say(line)
+    else:
+        if target.exists() and any(target.iterdir()):
+            raise UsageError(f"{args.dir}: exists and is not empty; choose a new directory for the environment")
+        run_plan(lines, say)
+        say(f"environment ready: {target}")
+    say(f"# then: source {shlex.quote(str(target / 'bin' / 'activate'))} && galapagos doctor --site {name}")
+    say(f"# and:  galapagos launch --site {name} --nodes N ... -- galapagos evolve --data DATA --out RUN")

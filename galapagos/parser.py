@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "labels, or labels with gaps)")
 
     _add_launch(sub)
+    _add_setup(sub)
+    _add_doctor(sub)
     return p
 
 
@@ -141,7 +143,9 @@ def _add_launch(sub) -> None:
                        usage="galapagos launch --scheduler S --nodes N --gpus-per-node G [options] "
                              "-- galapagos evolve|ensemble|design ...")
     sub._parser_class = default_class
-    p.add_argument("--site", help="TOML profile with one machine's defaults and limits (see examples/sites/)")
+    p.add_argument("--site", help="a bundled profile by name (frontier, aurora, elcapitan, perlmutter, polaris, lumi, "
+                   "alps, jupiter, generic-slurm, ..., workstation) or the path of a TOML profile: one machine's "
+                   "defaults, limits and MPI route (see examples/sites/)")
     p.add_argument("--scheduler", help="one of slurm, lsf, alps, pbs, flux, local")
     p.add_argument("--nodes", type=int)
     p.add_argument("--gpus-per-node", type=int, help="one worker rank per GPU; 0 for CPU-only nodes")
@@ -182,3 +186,40 @@ def _add_launch(sub) -> None:
                    "overridden by any given here)")
     p.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
                    help="galapagos evolve|ensemble|design ...")
+
+
+def _add_setup(sub) -> None:
+    p = sub.add_parser("setup", help="make the Python environment a site documents (its modules, mpi4py by the site's "
+                       "route, torch for its GPUs, galapagos-nas), or print the commands where they must run on the "
+                       "centre's login node",
+                       usage="galapagos setup --site NAME DIR [--print] [options]")
+    p.add_argument("--site", required=True, help="a bundled profile by name (e.g. frontier, workstation) or a path")
+    p.add_argument("dir", metavar="DIR", help="the environment to create (a venv or conda prefix)")
+    p.add_argument("--print", dest="print_only", action="store_true", help="print the commands, run nothing (what "
+                   "every centre's profile does anyway: its lines load modules on the login node)")
+    p.add_argument("--source", default="galapagos-nas", help="what pip installs for Galapagos: galapagos-nas from "
+                   "PyPI (default), a checkout's directory or a wheel")
+    p.add_argument("--torch", metavar="PIP-ARGS", help="pip arguments for torch (default: the profile's, e.g. its "
+                   "ROCm index); '' skips torch")
+    p.add_argument("--python", help="the interpreter that makes the venv (default: this one on a workstation, "
+                   "python3 of the site's modules elsewhere)")
+    p.add_argument("--system-site-packages", action="store_true", help="let the venv see the interpreter's packages")
+    p.add_argument("--pip-args", default="", metavar="ARGS", help="added to every pip install, e.g. "
+                   "'--no-index --find-links DIR' where there is no network")
+
+
+def _add_doctor(sub) -> None:
+    p = sub.add_parser("doctor", help="check that the MPI mpi4py loads meets this launcher's PMI and this node's "
+                       "network (and the site's route), the GPUs and node-local storage; --ranks measures the network",
+                       usage="galapagos doctor [--site NAME|PATH] [--ranks N] [--json] [--before-launch]")
+    p.add_argument("--site", help="a bundled profile by name or a path (default: $GALAPAGOS_SITE): its [mpi] route, "
+                   "network, fabric figures and [storage]")
+    p.add_argument("--ranks", type=int, metavar="N", help="measure node-to-node bandwidth and latency on N ranks "
+                   "(started with mpiexec; under a launcher, on the ranks it started)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.add_argument("--before-launch", action="store_true", help="what a job script runs before its ranks start: no "
+                   "MPI_Init, warnings to stderr, exit code 2 with one line on a definite mismatch")
+    p.add_argument("--launcher", choices=["srun", "pals", "jsrun", "flux", "aprun", "mpiexec"],
+                   help="what the job's launch line starts ranks with (default: the site's, else the scheduler's)")
+    p.add_argument("--pmi", help="the PMI that launch line serves, e.g. srun --mpi=TYPE's TYPE (cray_shasta, pmix, "
+                   "pmi2)")

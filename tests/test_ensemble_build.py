@@ -151,6 +151,15 @@ def test_no_member_trained_is_a_clear_error(design, shapes_file, tmp_path):
         finish(job, failed)
 
 
+def test_the_job_folder_of_launch_is_no_obstacle(design, shapes_file, tmp_path):
+    """`galapagos launch -- galapagos ensemble --out DIR` writes DIR/job/ (script, settings) before the job runs."""
+    from galapagos.flows.ensembling import prepare
+
+    run, _ = design
+    (tmp_path / "ens" / "job").mkdir(parents=True)
+    assert len(prepare(run, shapes_file, tmp_path / "ens", overrides={"ensemble.members": 2}).specs) == 2
+
+
 # -- bad inputs, refused before any rank starts (in this process: the checks run before self-start) ---------------
 def test_bad_inputs_fail_clearly(design, shapes_file, tmp_path, capsys):
     run, _ = design

@@ -100,6 +100,23 @@ def test_an_unknown_mode_names_the_key():
         DataConfig.from_dict({"mode": "huge"})
 
 
+def test_the_memory_plan_counts_the_batch_jobs_nodes(tmp_path, monkeypatch):
+    from galapagos.flows.datamode import worker_nodes
+
+    for var in ("GALAPAGOS_RANKS_PER_NODE", "SLURM_JOB_NUM_NODES", "FLUX_JOB_NNODES", "PBS_NODEFILE"):
+        monkeypatch.delenv(var, raising=False)
+    assert worker_nodes(8) == 1  # nothing said: the cautious plan
+    nodefile = tmp_path / "nodes"
+    nodefile.write_text("x1\nx1\nx2\nx3\n")  # PBS: one line per slot
+    monkeypatch.setenv("PBS_NODEFILE", str(nodefile))
+    assert worker_nodes(8) == 3
+    monkeypatch.setenv("FLUX_JOB_NNODES", "5")
+    assert worker_nodes(8) == 5
+    monkeypatch.setenv("SLURM_JOB_NUM_NODES", "4")
+    assert worker_nodes(8) == 4
+    assert worker_nodes(8, setting=2) == 2
+
+
 def test_stream_order_is_seeded_and_covers_every_training_row_once(big_file):
     plan, memory, info, spec = partial_plan(str(big_file), "stream", chunk_rows=100, depth=2)
     keep = memory["train/keep"]

@@ -42,13 +42,23 @@ class DataConfig(Table):
 
 def worker_nodes(workers: int, setting: int = 0) -> int:
     """Nodes that hold workers: the setting, else GALAPAGOS_RANKS_PER_NODE's groups (rank 0's group holds workers
-    unless it is alone), else Slurm's node count, else one."""
+    unless it is alone), else the batch job's node count (Slurm, Flux, PBS), else one: a plan for one node is the
+    cautious one (sharding over fewer nodes puts more on each), so a launcher that says nothing (Hydra's mpiexec
+    with a host file) gets `[data] nodes`, or that."""
     if setting:
         return setting
     per_node = int(os.environ.get("GALAPAGOS_RANKS_PER_NODE", "0") or 0)
     if per_node > 0:
         return workers if per_node == 1 else -(-(workers + 1) // per_node)
-    return int(os.environ.get("SLURM_JOB_NUM_NODES", "0") or 0) or 1
+    for var in ("SLURM_JOB_NUM_NODES", "FLUX_JOB_NNODES"):
+        if os.environ.get(var, "").isdigit():
+            return int(os.environ[var]) or 1
+    if nodefile := os.environ.get("PBS_NODEFILE"):  # one line per node (or per slot): the distinct names
+        try:
+            return len({line.strip() for line in open(nodefile) if line.strip()}) or 1
+        except OSError:
+            pass
+    return 1
 
 
 def data_memory(data: DataConfig, run: Any, info: DatasetInfo, workers: int) -> MemoryPlan:

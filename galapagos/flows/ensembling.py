@@ -36,6 +36,7 @@ from galapagos.flows.session import MasterSession
 from galapagos.flows.sources import JournalSource
 from galapagos.launch.protocol import Result, Setup, Status, Task
 from galapagos.launch.runtime import stop_signal
+from galapagos.launch.scripts.request import job_folder
 from galapagos.options import EnsembleOptions
 from galapagos.reports.progress import ProgressView, Snapshot
 from galapagos.store.ensembledir import EnsembleDir, EnsembleError, Manifest, Member, save_manifest
@@ -90,7 +91,8 @@ def prepare(source: str | Path, data: str | Path, out: str | Path, *, sets: list
             raise RunDirError(f"--resume continues the plan in {plan} ({config.ensemble.members} members, strategy "
                               f"{config.ensemble.strategy}); --members, --strategy and --pick cannot change it")
     else:
-        if dst.path.exists() and any(dst.path.iterdir()):
+        # a job of `galapagos launch` writes its script and settings into --out/job/ before the build starts
+        if dst.path.exists() and any(p != job_folder(dst.path) for p in dst.path.iterdir()):
             raise RunDirError(f"--out {dst.path} exists and is not empty; use --resume or a new --out")
         config = load_config(src.config if src.config.exists() else None, sets, overrides)
     info = inspect(data)

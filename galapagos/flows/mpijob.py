@@ -56,6 +56,8 @@ class Flow:
     master: Callable[[Any, Any], dict | None]  # (comm, options) -> the result, on rank 0
     # (options, exit code) -> a summary written from the run's files, when the job died without rank 0's result
     salvage: Callable[[Any, int], dict | None] | None = None
+    # a collective flow, started as one process: options -> (the options to run with, the ranks it needs)
+    plan: Callable[[Any], tuple[Any, int]] | None = None
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,8 @@ class FlowRef:
 
     module: str
     phases: int = 1  # jobs each worker rank serves in turn (design: evolution, then ensemble)
+    # every rank runs the flow's `master` with the job's comm, as one collective (predict); no worker serves tasks
+    collective: bool = False
     task: str | None = None  # the task function its trainer children most likely run, imported before the setup
 
     def load(self) -> Flow:
@@ -105,6 +109,9 @@ def run(ref: FlowRef, opts: Any) -> dict | None:
 
     if not under_launcher():
         flow = ref.load()
+        if ref.collective:  # as many ranks as it needs; one runs here, without MPI
+            opts, ranks = flow.plan(opts)
+            return start_ranks(flow.name, opts, ranks - 1) if ranks > 1 else flow.master(None, opts)
         flow.check(opts)
         return start_ranks(flow.name, opts, default_workers() if opts.workers is None else opts.workers,
                            salvage=flow.salvage)
@@ -119,9 +126,15 @@ def run_rank(ref: FlowRef, opts: Any) -> dict | None:
     from galapagos.launch.supervisor import uncompiled
 
     catch_stop_signals()
-    comm = world()
+    comm = _world(world)
     check_wired(comm)
+    if comm.rank == 0:
+        from galapagos.launch.doctor import job_report
+
+        job_report(log)  # the doctor's findings for this rank's MPI, network and node: once, no MPI traffic
     announce_ready(comm)
+    if ref.collective:
+        return ref.load().master(comm, opts)
     if comm.size < 2:
         raise UsageError(f"galapagos {ref.load().name} needs at least one worker: run it under mpiexec/srun with 2 or "
                          "more ranks (rank 0 is the master), or start it without MPI and pass --workers W")
@@ -145,6 +158,17 @@ def run_rank(ref: FlowRef, opts: Any) -> dict | None:
                 raise WorkerExit(code)
             break
     return None
+
+
+def _world(world: Callable[[], Any]) -> Any:
+    """COMM_WORLD; where the launcher's PMI and the library cannot meet (MPI_Init would abort), the launcher's task
+    0 says so in one line and the others leave quietly with the same exit code."""
+    from galapagos.launch.mpi import MPIMismatch, launcher_rank
+
+    try:
+        return world()
+    except MPIMismatch as exc:
+        raise (UsageError(str(exc)) if launcher_rank() == 0 else WorkerExit(EXIT_BAD_INPUT)) from None
 
 
 def check_wired(comm: Any) -> None:
@@ -264,11 +288,12 @@ def user_errors() -> tuple[type[Exception], ...]:
     from galapagos.errors import RunDirError
     from galapagos.evolve.errors import ConfigError
     from galapagos.evolve.netdir import ModelError
+    from galapagos.launch.mpi import MPIMismatch
     from galapagos.launch.scripts import JobScriptError
     from galapagos.store.ensembledir import EnsembleError
 
     return (UsageError, ConfigError, DataError, DataShareError, RunDirError, EnsembleError, ModelError,
-            JobScriptError)
+            JobScriptError, MPIMismatch)
 
 
 def end_when_done(comm: Any, state: Any) -> None:

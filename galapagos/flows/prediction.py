@@ -18,6 +18,7 @@ from galapagos.ensemble.metrics import classification_metrics, field_metrics, re
 from galapagos.errors import RunDirError, UsageError
 from galapagos.evolve.pareto import best_pick
 from galapagos.evolve.problem import Problem
+from galapagos.flows.mpijob import Flow
 from galapagos.models import load_network, model_dir, predict_outputs
 from galapagos.options import PredictOptions
 from galapagos.store.ensembledir import EnsembleDir, EnsembleError, Manifest, is_ensemble, load_manifest
@@ -227,16 +228,9 @@ def used_members(path: str | Path) -> int | None:
     return len(load_manifest(path).used) if is_ensemble(path) else None
 
 
-def run(opts: PredictOptions) -> dict | None:
-    """`predict`: one network in this process; an ensemble averaged over the MPI ranks of this job, or over ranks
-    started here under mpiexec. The scores on rank 0 (or here); None on the other ranks."""
-    from galapagos.flows.mpijob import check_wired, default_workers, start_ranks
-    from galapagos.launch.mpi import under_launcher, world
-
-    comm = world() if under_launcher() else None
-    if comm is not None:
-        check_wired(comm)
-    rank0 = comm is None or comm.rank == 0
+def check(opts: PredictOptions) -> tuple[PredictOptions, int | None]:
+    """The options to run with (--pick resolved to its network) and the ensemble's member count (None: one network).
+    Bad input raises here, before any rank starts."""
     if opts.pick is not None:
         opts = dataclasses.replace(opts, model=pick_network(opts.model, opts.pick), pick=None)
     if opts.batch < 1:
@@ -245,15 +239,39 @@ def run(opts: PredictOptions) -> dict | None:
         raise UsageError(f"--ranks {opts.ranks}: must be at least 1")
     if opts.save and not Path(opts.save).absolute().parent.is_dir():
         raise UsageError(f"--save {opts.save}: directory {Path(opts.save).absolute().parent} does not exist")
-    members = used_members(opts.model)  # an ensemble's manifest is checked before any rank starts
+    return opts, used_members(opts.model)  # an ensemble's manifest is checked here too
+
+
+def plan(opts: PredictOptions) -> tuple[PredictOptions, int]:
+    """A prediction started as one process: its options and how many ranks it needs (one for a single network, else
+    up to one per member)."""
+    from galapagos.flows.mpijob import default_workers
+
+    opts, members = check(opts)
     if members is None:
-        if opts.ranks and opts.ranks > 1 and rank0:
+        if opts.ranks and opts.ranks > 1:
+            log.warning("--ranks %d ignored: %s is one network, not an ensemble", opts.ranks, opts.model)
+        return opts, 1
+    ranks = min(opts.ranks or default_workers(), members)
+    if ranks > 1:
+        log.info("averaging %d member(s) over %d ranks", members, ranks)
+    return opts, ranks
+
+
+def collective(comm: Any, opts: PredictOptions) -> dict | None:
+    """`predict` on every rank of `comm` (None: this process alone): one network on rank 0; an ensemble's members
+    averaged over the ranks. The scores on rank 0, None on the others."""
+    rank0 = comm is None or comm.rank == 0
+    opts, members = check(opts)
+    if members is None:
+        if comm is not None and rank0 and opts.ranks and opts.ranks > 1:
             log.warning("--ranks %d ignored: %s is one network, not an ensemble", opts.ranks, opts.model)
         return predict(opts.model, opts.data, opts.split, save=opts.save, batch=opts.batch) if rank0 else None
-    if comm is None and (ranks := min(opts.ranks or default_workers(), members)) > 1:
-        log.info("averaging %d member(s) over %d ranks", members, ranks)
-        return start_ranks("predict", opts, ranks - 1)
     if comm is not None and rank0 and opts.ranks and min(opts.ranks, members) != comm.size:
         log.warning("--ranks %d ignored: this job has %d rank(s)", opts.ranks, comm.size)
     return predict_ensemble(opts.model, opts.data, opts.split, comm=comm if comm and comm.size > 1 else None,
                             save=opts.save, batch=opts.batch, per_member=opts.member_outputs)
+
+
+# Every rank runs it (galapagos.flows.mpijob, FlowRef(collective=True)): no master, no workers.
+FLOW = Flow("predict", check=check, master=collective, plan=plan)

@@ -1,5 +1,6 @@
-"""The body every job script shares, whatever its scheduler: header, `set -euo pipefail`, the site's setup, the
-environment, a clean stop ahead of the wall time, and the launch line (which the scheduler's table entry gives)."""
+"""The body every job script shares, whatever its scheduler: header, `set -eo pipefail`, the site's modules and
+setup, then `set -u`, the environment, a clean stop ahead of the wall time, and the launch line (which the
+scheduler's table entry gives)."""
 from __future__ import annotations
 
 import re
@@ -90,7 +91,8 @@ def render(req: JobRequest) -> tuple[str, dict[str, str]]:
              "# binds the GPU of its index among the workers of its node (counted without rank 0) and the physical",
              "# cores nearest that GPU (launch/placement.py, from sysfs), so the launcher leaves GPUs and cores to",
              "# the runtime; cores a launcher gives the ranks of a node as disjoint sets are kept.",
-             "set -euo pipefail", f"job_dir={shlex.quote(str(req.job_dir))}",
+             "set -eo pipefail  # nounset (set -u) only after the site setup below",
+             f"job_dir={shlex.quote(str(req.job_dir))}",
              f"run_dir={shlex.quote(str(req.out))}", ""]
     how = (sched.signal_how(req) if req.walltime and sched.signal_how else
            f"a watchdog in this script sends SIGUSR1 {req.stop_before} s before the wall time" if req.walltime
@@ -100,10 +102,10 @@ def render(req: JobRequest) -> tuple[str, dict[str, str]]:
     watchdog = req.walltime is not None and sched.signal_how is None
     if watchdog:
         lines += WATCHDOG.format(warn_at=req.warn_at).splitlines()
-    if req.setup.strip():
-        lines += ["", "# -- site setup (--setup)", *req.setup.strip().splitlines()]
+    lines += _site_setup(req)
     lines += ["", "# -- environment", "export PYTHONUNBUFFERED=1",
               *(f"export {k}={_shell_value(v)}" for k, v in req.env), f"cd {shlex.quote(str(req.workdir))}"]
+    lines += _preflight(req)
     lines += ["", "# -- the run: the command whose resolved config and run directory are pinned here",
               *([stage_dir(req.scheduler, req.stage)] if req.stage else []), f"command=({_command(req)})", ""]
     if place:
@@ -115,6 +117,41 @@ def render(req: JobRequest) -> tuple[str, dict[str, str]]:
         cleanup += stage_cleanup(req.scheduler, lay.nodes) + "\n"
     lines += RUN_BLOCK.format(launch=launch, cleanup=cleanup).splitlines()
     return "\n".join(lines) + "\n", extra
+
+
+def _site_setup(req: JobRequest) -> list[str]:
+    """The site's modules (its MPI route) and --setup lines, then `set -u`: conda's and some modules' activation
+    scripts read unset variables and fail under nounset (conda issues 3200, 8186, 9966), so strict mode about
+    unset variables starts only once the site's environment is in place."""
+    lines = []
+    if req.modules:
+        lines += ["", "# -- the site's MPI route and its modules", *_comment_wrapped(req.route)]
+        lines += list(req.modules)
+    if req.setup.strip():
+        lines += ["", "# -- site setup (--setup)", *req.setup.strip().splitlines()]
+    return [*lines, "", "set -u  # nounset from here: after the site setup (conda activation fails under it)"]
+
+
+# What each scheduler's launch line starts the ranks with, in `galapagos doctor --launcher` words.
+DOCTOR_LAUNCHERS = {"slurm": "srun", "pbs": "pals", "lsf": "jsrun", "flux": "flux", "alps": "aprun", "local": "mpiexec"}
+
+
+def _preflight(req: JobRequest) -> list[str]:
+    """`galapagos doctor --before-launch` on the batch node, before any rank starts (launch/doctor.py): an MPI
+    library that cannot speak the launcher's PMI (a pip MPICH under srun --mpi=cray_shasta or PALS) stops the job
+    here in one line with the fix, instead of thousands of singleton ranks; TCP on a fast fabric is a warning."""
+    launcher = "mpiexec" if req.launcher == "mpiexec" else DOCTOR_LAUNCHERS[req.scheduler]
+    words = [*shlex.split(req.program), "doctor", "--before-launch", "--launcher", launcher,
+             *(["--site", req.site] if req.site else []), *(["--pmi", req.mpi] if launcher == "srun" and req.mpi
+                                                             else [])]
+    return ["", "# -- before the ranks start: can this MPI speak the launcher's PMI, and use the fabric?",
+            *([f"export GALAPAGOS_SITE={shlex.quote(req.site)}  # rank 0 checks the job against it too"]
+              if req.site else []),
+            f"{shlex.join(words)} || exit 2"]
+
+
+def _comment_wrapped(text: str) -> list[str]:
+    return ["# " + line for line in textwrap.wrap(text, 112)]
 
 
 def _command(req: JobRequest) -> str:

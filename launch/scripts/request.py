@@ -61,6 +61,9 @@ class JobRequest:
     stage: str = ""  # node-local directory the environment and the data are staged into ("" = none; stage.py)
     stage_env: Path | None = None  # the packed environment that is staged (made by `launch`)
     stage_data: str | None = None  # the command's --data file, staged with it
+    modules: tuple[str, ...] = ()  # the site's module lines (`module load ...`), run before --setup (sites.py)
+    route: str = ""  # one line naming the site's MPI route and its page, for the script's comment
+    site: str = ""  # the site profile the job was written with (its path), which the script's doctor checks
 
     @property
     def job_dir(self) -> Path:
@@ -188,7 +191,8 @@ def build_request(opts: dict, command: tuple[str, ...], out: Path, *, site: dict
                       opts.get("queue"), job_name, opts.get("constraint"),
                       tuple((opts.get("env") or {}).items()), opts.get("setup") or "",
                       opts.get("launcher_args") or "", launcher, after, generated_by, script,
-                      qos, filesystems, mpi, directives, given, stage)
+                      qos, filesystems, mpi, directives, given, stage, None, None,
+                      tuple(opts.get("modules") or ()), opts.get("route") or "", opts.get("site") or "")
 
 
 def _check_scheduler_options(scheduler: str, launcher: str, qos: str | None, filesystems: str | None,
@@ -269,10 +273,8 @@ def next_script(job_dir: Path, scheduler: str) -> Path:
 OPTION_KEYS = ("scheduler", "nodes", "gpus_per_node", "cpus_per_node", "workers_per_node", "walltime", "stop_before",
                "account", "queue", "qos", "job_name", "constraint", "filesystems", "setup", "launcher", "mpi",
                "launcher_args", "program", "stage")
-SITE_KEYS = (*OPTION_KEYS, "directives", "env", "machine", "queues", "description")
-MACHINE_KEYS = ("max_nodes", "gpus_per_node", "cpus_per_node")
-QUEUE_KEYS = ("min_nodes", "max_nodes", "min_walltime", "max_walltime", "bins", "description")
-BIN_KEYS = ("min_nodes", "max_nodes", "max_walltime")
+
+
 def job_folder(run_dir: Path) -> Path:
     """<run dir>/job/: the job scripts, their settings, the pinned config and the packed environment."""
     return Path(run_dir) / "job"
@@ -280,62 +282,6 @@ def job_folder(run_dir: Path) -> Path:
 
 PINNED_CONFIG = "config.toml"  # in <run dir>/job/: the evolve config the job script runs with, resolved at launch
 SETTINGS = "launch.toml"  # in <run dir>/job/: what `launch --resume` needs to write the follow-up job
-
-
-def load_site(path: str | Path) -> dict:
-    """A TOML site profile: defaults for any launch option, [env], extra `directives`, [machine] limits that flags
-    cannot exceed, and [queues.NAME] limits (min_nodes, max_nodes, min_walltime, max_walltime, and `bins` of
-    max_walltime by job size) for the queue or QOS of that name."""
-    import tomllib
-
-    p = Path(path)
-    try:
-        site = tomllib.loads(p.read_text())
-    except FileNotFoundError:
-        raise JobScriptError(f"--site {p}: no such file") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise JobScriptError(f"--site {p}: not valid TOML: {exc}") from None
-    _known(p, "", site, SITE_KEYS)
-    _known(p, "machine.", site.get("machine", {}), MACHINE_KEYS)
-    directives = site.get("directives", [])
-    if not isinstance(directives, list) or not all(isinstance(d, str) for d in directives):
-        raise JobScriptError(f"--site {p}: directives must be a list of strings")
-    _known(p, "queues.", site.get("queues", {}), None)
-    for name, limits in site.get("queues", {}).items():
-        _known(p, f"queues.{name}.", limits, QUEUE_KEYS)
-        if not isinstance(limits.get("bins", []), list):
-            raise JobScriptError(f"--site {p}: queues.{name}.bins must be a list of tables")
-        for i, size_bin in enumerate(limits.get("bins", [])):
-            _known(p, f"queues.{name}.bins[{i}].", size_bin, BIN_KEYS)
-            if "max_nodes" not in size_bin or "max_walltime" not in size_bin:
-                raise JobScriptError(f"--site {p}: queues.{name}.bins[{i}] needs max_nodes and max_walltime")
-            _limit(p, f"queues.{name}.bins[{i}]", size_bin)
-        _limit(p, f"queues.{name}", limits)
-    return {**site, "path": str(p)}
-
-
-def _known(p: Path, prefix: str, table, keys: tuple[str, ...] | None) -> None:
-    if not isinstance(table, dict):
-        raise JobScriptError(f"--site {p}: {prefix.rstrip('.') or 'the file'} must be a table")
-    for key in table if keys is not None else ():
-        if key not in keys:
-            raise JobScriptError(f"--site {p}: unknown key {prefix}{key} (known: {', '.join(keys)})"
-                                 if prefix else f"--site {p}: unknown key {key!r} (known: {', '.join(keys)})")
-
-
-def _limit(p: Path, where: str, limits: dict) -> None:
-    for key in ("min_nodes", "max_nodes"):
-        if key in limits and (not isinstance(limits[key], int) or limits[key] < 1):
-            raise JobScriptError(f"--site {p}: {where}.{key} must be a whole number of nodes, at least 1")
-    for key in ("min_walltime", "max_walltime"):
-        if key in limits:
-            try:
-                if not isinstance(limits[key], str):
-                    raise JobScriptError(key)
-                parse_walltime(limits[key])
-            except JobScriptError:
-                raise JobScriptError(f"--site {p}: {where}.{key} {limits[key]!r}: expected \"HH:MM\" (or HH:MM:SS, "
-                                     "D-HH:MM)") from None
 
 
 def parse_env(pairs: list[str]) -> dict[str, str]:
@@ -367,7 +313,8 @@ def save_settings(req: JobRequest, job_id: str | None = None) -> Path:
                 "queue": req.queue, "qos": req.qos, "job_name": req.job_name, "constraint": req.constraint,
                 "filesystems": req.filesystems, "setup": req.setup, "launcher": req.launcher or None, "mpi": req.mpi,
                 "launcher_args": req.launcher_args, "program": req.program, "directives": list(req.directives),
-                "stage": req.stage or None,
+                "stage": req.stage or None, "modules": list(req.modules) or None, "route": req.route or None,
+                "site": req.site or None,
                 "workdir": str(req.workdir), "command": list(req.command), "env": dict(req.env), "jobs": jobs}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tomli_w.dumps({k: v for k, v in settings.items() if v is not None}))

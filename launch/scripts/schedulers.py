@@ -71,7 +71,8 @@ def _slurm_launch(req: JobRequest, extra: dict) -> tuple[list[str], str]:
     mpi = f" --mpi={req.mpi}" if req.mpi else ""
     gpu = f" --gpus-per-node={lay.gpus_per_node} --gpu-bind=none" if lay.gpus_per_node else ""
     bind = ["# --overcommit lets the master be one task more than the workers' slots; --cpu-bind=none and",
-            "# --gpu-bind=none leave every rank the whole node for the runtime's own binding."]
+            "# --gpu-bind=none leave every rank the whole node for the runtime's own binding. --kill-on-bad-exit=1:",
+            "# a rank that ends with an error ends the step (srun's default lets the others wait to the wall time)."]
     if req.mpi == "pmi2":
         bind += ["# --mpi=pmi2: Slurm's pmi2 plugin reads each PMI-1 request with one read() of 1024 bytes",
                  "# (src/plugins/mpi/pmi2/pmi1.c) though it allows values of 1024: an MPICH that speaks PMI-1 (the",
@@ -80,7 +81,8 @@ def _slurm_launch(req: JobRequest, extra: dict) -> tuple[list[str], str]:
         # one node: srun's default (block) layout puts every task on it, and the step's process map is right
         # (Slurm before 24.05 reports each task on a node of its own under --distribution=arbitrary)
         return [f"# One node: rank 0 and its {lay.per_node} workers all on it.", *bind], (
-            f"srun --ntasks={lay.ranks} --overcommit{mpi} --cpu-bind=none{gpu}{_extra(req)} \"${{command[@]}}\"")
+            f"srun --ntasks={lay.ranks} --overcommit --kill-on-bad-exit=1{mpi} --cpu-bind=none{gpu}{_extra(req)} "
+            "\"${command[@]}\"")
     place = [(f"# An explicit host list: the first node twice over for rank 0 and its workers, then {lay.per_node} "
               "per node."), *bind,
              "# The host list gives the nodes: srun takes no --nodes with --distribution=arbitrary (Slurm 23.11 and",
@@ -92,7 +94,7 @@ def _slurm_launch(req: JobRequest, extra: dict) -> tuple[list[str], str]:
         return place, f'{shlex.quote(_mpiexec())} -n {lay.ranks} -f "$SLURM_HOSTFILE"{_extra(req)} "${{command[@]}}"'
     # SRUN_DOC: "-N, --nodes ... NOTE: This option cannot be used in with arbitrary distribution"; --distribution=
     # arbitrary lays the tasks out in the order of SLURM_HOSTFILE; --mpi=<type> picks the PMI srun serves
-    return place, (f"srun --ntasks={lay.ranks} --distribution=arbitrary --overcommit{mpi} "
+    return place, (f"srun --ntasks={lay.ranks} --distribution=arbitrary --overcommit --kill-on-bad-exit=1{mpi} "
                    f"--cpu-bind=none{gpu}{_extra(req)} \"${{command[@]}}\"")
 
 
@@ -214,17 +216,34 @@ def _pbs_directives(req: JobRequest, select: str) -> list[str]:
             "-j oe", f"-o {req.job_dir}/"]
 
 
+PALS_CHECK = """\
+launcher_version=$(mpiexec --version 2>&1 || true)
+if ! command -v mpiexec >/dev/null || [[ "${launcher_version,,}" == *hydra* \\
+      || "${launcher_version,,}" == *"open mpi"* || "${launcher_version,,}" == *"intel(r) mpi"* ]]; then
+    echo "galapagos job: mpiexec ($(command -v mpiexec || echo none)) is not HPE Cray PALS's, which this PBS Pro job" \\
+         "needs: load the site's modules first (galapagos setup --site NAME prints them) and do not put a pip" \\
+         "mpich's Hydra mpiexec ahead of PALS on PATH" >&2
+    exit 2
+fi"""
+
+
 def _pbs_launch(req: JobRequest, extra: dict) -> tuple[list[str], str]:
+    """PALS mpiexec (ALCF_JOBS_DOC): -n, --ppn and --cpu-bind per MPMD command; the hosts are the job's own
+    ($PBS_NODEFILE, one line per node with place=scatter:excl), which PALS takes itself, so no host list is given
+    (Hydra refuses --hosts in both MPMD parts, and PALS fills the nodes in that order). The first command is rank 0
+    and the first node's workers (P + 1 on it); the second, P workers on each node after it."""
     lay = req.layout
-    place = ["# Two MPMD parts with explicit hosts: rank 0 and the first node's workers on the first node, then",
-             f"# {lay.per_node} workers on each other node. --cpu-bind none leaves the cores to the runtime.",
-             'mapfile -t hosts < <(awk \'!seen[$0]++\' "$PBS_NODEFILE")']
-    first = f"-n {lay.per_node + 1} --ppn {lay.per_node + 1} --hosts \"${{hosts[0]}}\" \"${{command[@]}}\""
+    place = ["# HPE Cray PALS mpiexec, not another MPI's: a Hydra mpiexec refuses these options, and PALS starts the",
+             "# ranks of a wheel MPICH as singletons.", *PALS_CHECK.splitlines(),
+             "# Two MPMD commands over the job's nodes in $PBS_NODEFILE order (PALS reads it; no host list given):",
+             f"# rank 0 and the first node's {lay.per_node} workers on the first node, then {lay.per_node} workers on "
+             "each other node.",
+             "# --cpu-bind none leaves the cores to the runtime."]
+    first = f"-n {lay.per_node + 1} --ppn {lay.per_node + 1} \"${{command[@]}}\""
     if lay.nodes == 1:
         return place, f"mpiexec --cpu-bind none{_extra(req)} {first}"
-    place.append('rest=$(IFS=,; echo "${hosts[*]:1}")')
     return place, (f"mpiexec --cpu-bind none{_extra(req)} {first} : -n {lay.workers - lay.per_node} "
-                   f"--ppn {lay.per_node} --hosts \"$rest\" \"${{command[@]}}\"")
+                   f"--ppn {lay.per_node} --cpu-bind none \"${{command[@]}}\"")
 
 
 def _alps_launch(req: JobRequest, extra: dict) -> tuple[list[str], str]:

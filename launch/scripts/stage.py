@@ -24,7 +24,10 @@ JOB_ID = {"slurm": "$SLURM_JOB_ID", "pbs": "$PBS_JOBID", "alps": "$PBS_JOBID", "
 
 def per_node(scheduler: str, nodes: int) -> str:
     """How the script runs one command once on every node of the job."""
-    return {"slurm": f"srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1",
+    # Slurm: the script exports SLURM_HOSTFILE for the ranks (rank 0's node twice), and srun places any step's
+    # tasks by it while it is set ("it will over ride any other method specified", https://slurm.schedmd.com/
+    # srun.html, --distribution=arbitrary): on 4 nodes the copy went twice to the first and never to the last
+    return {"slurm": f"env -u SLURM_HOSTFILE srun --nodes={nodes} --ntasks={nodes} --ntasks-per-node=1",
             "pbs": f"mpiexec -n {nodes} --ppn 1",  # PALS: https://docs.alcf.anl.gov/running-jobs/
             "alps": f"aprun -n {nodes} -N 1",
             "lsf": f"jsrun -n {nodes} -r 1 -a 1 -c 1",  # one resource set per host, one task in it
