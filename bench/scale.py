@@ -39,9 +39,10 @@ from bench.master_cost import timed_source
 from galapagos.config import load_config
 from galapagos.evolve.ahead import START_WAIT, Ahead
 from galapagos.evolve.problem import Problem
-from galapagos.launch.protocol import Cancel, Progress, Ready, Result, Status, Stop, Stopped, Task
+from galapagos.launch.protocol import Alive, Cancel, Liveness, Progress, Ready, Result, Status, Stop, Stopped, Task
 
 EPOCHS = 6
+HEARTBEAT = Liveness().interval  # run.heartbeat's default: seconds of silence after which a worker sends Alive
 CRASH, TIMEOUT = 0.01, 0.005  # fractions of tasks whose trainer dies, or that run into their time limit
 
 
@@ -188,6 +189,16 @@ class SimComm:
         elif isinstance(obj, Stop):
             self._push(now, Stopped(dest))
 
+    def _beats(self, rank: int, start: float, sends: list[float]) -> None:
+        """A worker's Alive every HEARTBEAT seconds in which it sends nothing else (launch/heartbeat.py: Pulse)."""
+        last = start
+        for when in sends:
+            beat = last + HEARTBEAT
+            while beat < when:
+                self._push(beat, Alive(rank))
+                beat += HEARTBEAT
+            last = when
+
     def _run(self, task: Task, rank: int, now: float) -> None:
         start = max(now, self.free_at[rank])
         self.first_task.setdefault(rank, start)
@@ -206,6 +217,7 @@ class SimComm:
             self._push(start + seconds * epoch / EPOCHS, Progress(task.id, rank, {"epoch": epoch, "fitness":
                                                                                   fitness}))
         end = start + seconds
+        self._beats(rank, start, [start + seconds * epoch / EPOCHS for epoch in range(1, epochs + 1)] + [end])
         fitness = quality * (1 - 0.5 ** EPOCHS) if status == Status.OK else None
         self.last[task.id] = (start, quality * 0.5)
         self.spans[task.id] = [start, start + seconds]

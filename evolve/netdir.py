@@ -105,7 +105,13 @@ class NetworkDir:
 
 
 def save_weights(state: dict, path: str | Path) -> None:
-    """A state_dict to `path`, atomically (a trainer saving a candidate's best epoch)."""
+    """A state_dict to `path`, atomically (a trainer saving a candidate's best epoch). Written through a Python file
+    object, not a path: a write the disk refuses then raises its OSError (ENOSPC, EDQUOT, EROFS), which tells a full
+    disk from a failed candidate; torch's own writer loses the errno ("inline_container.cc ... unexpected pos")."""
     import torch
 
-    replace_atomically(path, lambda tmp: torch.save(state, tmp))
+    def write(tmp: Path) -> None:
+        with open(tmp, "wb") as f:
+            torch.save(state, f)
+
+    replace_atomically(path, write)

@@ -82,10 +82,15 @@ class Problem:
     def mismatch(self, info: Any) -> str | None:
         """Why a dataset does not fit networks made for this problem (e.g. "classification with samples of shape
         (1, 12, 12) and 4 outputs; the file has ..."), or None when it fits."""
-        if Problem.of_dataset(info) == self:
+        other = Problem.of_dataset(info)
+        if other == self:
             return None
+        names = {"task": "task", "sample_shape": "sample shape", "num_outputs": "outputs",
+                 "ignore_index": "ignore_index"}
+        differ = [f"{name} {getattr(self, key)!r} vs {getattr(other, key)!r}" for key, name in names.items()
+                  if getattr(self, key) != getattr(other, key)]
         return (f"{self.task} with samples of shape {self.sample_shape} and {self.num_outputs} outputs; the file "
-                f"has {info.task}, {tuple(info.sample_shape)}, {info.num_targets}")
+                f"has {info.task}, {tuple(info.sample_shape)}, {info.num_targets} (what differs: {', '.join(differ)})")
 
     def to_dict(self) -> dict[str, Any]:
         d = {"sample_shape": list(self.sample_shape), "task": self.task, "num_outputs": self.num_outputs}

@@ -56,9 +56,9 @@ def show_failed(command: str, exc: JobFailed, data: str) -> None:
     go on."""
     s = exc.summary
     show_evolution(s, data)
-    print(f"galapagos {command}: the job ended abnormally (exit code {exc.code}; its output above says why); the "
-          f"{s['evaluations']} evaluation(s) in its journal are kept: continue with --resume: "
-          f"{resume_command(s['run'], data)}", file=sys.stderr)
+    why = exc.reason or f"the job ended abnormally (exit code {exc.code}; its output above says why)"
+    print(f"galapagos {command}: {why}; the {s['evaluations']} evaluation(s) in its journal are kept: continue with "
+          f"--resume: {resume_command(s['run'], data)}", file=sys.stderr)
 
 
 def show_ensemble(metrics: dict) -> None:
@@ -191,6 +191,34 @@ def cmd_doctor(args) -> int:
     return EXIT_BAD_INPUT if report.errors else 0
 
 
+def cmd_supervise(args) -> int:
+    """A job script's run line: the ranks, restarted on the nodes that answer after a failure
+    (galapagos/flows/recovery.py); when it gives up, the run's summary and one line, exit code 3."""
+    from galapagos.errors import UsageError
+    from galapagos.flows.recovery import Policy
+    from galapagos.flows.supervising import read_nodes, supervise_job
+
+    words = args.job_command[1:] if args.job_command[:1] == ["--"] else args.job_command
+    for name, value, least in (("--max-restarts", args.max_restarts, 0), ("--min-nodes", args.min_nodes, 1),
+                               ("--per-node", args.per_node, 1)):
+        if value < least:
+            raise UsageError(f"{name} {value}: must be {least} or more")
+    if args.probe_timeout <= 0:
+        raise UsageError(f"--probe-timeout {args.probe_timeout:g}: must be more than 0 seconds")
+    policy = Policy(args.max_restarts, args.min_nodes, args.probe_timeout)
+    outcome, summary = supervise_job(words, read_nodes(args.nodes), policy, ranks=args.ranks,
+                                     per_node=args.per_node)
+    if not outcome.gave_up:
+        return outcome.code
+    kept = ""
+    if summary:
+        show(format_summary(summary), f"run directory: {summary['run']}")
+        kept = f"; the {summary['evaluations']} evaluation(s) in its journal are kept"
+    print(f"galapagos supervise: gave up: {outcome.gave_up}{kept}: continue with `galapagos launch --resume RUN`",
+          file=sys.stderr)
+    return EXIT_LOST
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
@@ -198,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
         setup_logging(0)
     commands = {"evolve": cmd_evolve, "ensemble": cmd_ensemble, "design": cmd_design, "predict": cmd_predict,
                 "report": cmd_report, "export": cmd_export, "data": cmd_data, "setup": cmd_setup,
-                "doctor": cmd_doctor}
+                "doctor": cmd_doctor, "supervise": cmd_supervise}
     try:
         return cmd_launch(args, argv) if args.command == "launch" else commands[args.command](args)
     except WorkerExit as exc:  # a worker rank of a job that could not start; rank 0 says why
@@ -206,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     except JobFailed as exc:  # the job's ranks have already said why
         if exc.summary:
             show_failed(args.command, exc, args.data)
+        elif exc.reason:
+            print(f"galapagos {args.command}: {exc.reason}", file=sys.stderr)
         return exc.code
     except NoResult as exc:  # the run is over and nothing succeeded: its summary, one line, its own exit code
         show(format_summary(exc.summary))

@@ -23,6 +23,7 @@ from galapagos.evolve.settings import Check, Table
 from galapagos.evolve.space import SearchSpace
 from galapagos.evolve.task import TrainConfig
 from galapagos.flows.datamode import DataConfig
+from galapagos.launch.protocol import Liveness
 from galapagos.options import TRAIN_TASK
 
 if TYPE_CHECKING:
@@ -48,7 +49,23 @@ class RunConfig(Table):
     chunk_mib: int = 64  # bytes per piece of the dataset sent between nodes
     readers: int = 1  # node leaders that read the dataset file, each a disjoint part; 0 = every node's leader
     prefetch: int = -1  # tasks queued on a worker beyond the one it runs; -1 = one while tasks are short
-    lost_grace: float = 360.0  # seconds past task_timeout after which a silent worker rank is given up as lost
+    lost_grace: float = 360.0  # seconds past task_timeout after which a rank that never ends its task is given up
+    # Signs of life (launch/heartbeat.py): a worker rank that has sent nothing else for `heartbeat` seconds says it is
+    # alive, and rank 0 touches log/master.alive as often. 10 s: at 100,000 workers that say nothing else, 10,000
+    # tiny messages a second at 3.2 us each on rank 0, 3% of its core, and fewer as soon as they report progress (any
+    # message counts); at 5 s the simulated whole machine's master spent a third more per task (bench/RESULTS.md).
+    # A worker silent for `worker_timeout` seconds is given up: three beats missed, which a node's scheduling hiccups
+    # and a slow network do not reach; a frozen node costs 30 s, not a task's limit (Slurm itself sets a silent node
+    # DOWN after 300 s by default, https://slurm.schedmd.com/slurm.conf.html#OPT_SlurmdTimeout). Rank 0's file
+    # untouched for `master_timeout` seconds ends the job: longer, since rank 0's loop may wait on a busy shared file
+    # system (the journal, best/).
+    heartbeat: float = 10.0
+    worker_timeout: float = 30.0
+    master_timeout: float = 60.0
+
+    def liveness(self, master_file: Path) -> Liveness:
+        """The heartbeat settings the workers get with their setup; `master_file`: RunDir.master_heartbeat."""
+        return Liveness(self.heartbeat, self.worker_timeout, self.master_timeout, str(master_file))
 
     def checks(self) -> list[Check]:
         return [("evaluations", self.evaluations >= 0, "at least 0 (0 = no limit by count)"),
@@ -62,6 +79,11 @@ class RunConfig(Table):
                 ("readers", self.readers >= 0, "at least 0 (0 = every node's leader)"),
                 ("prefetch", self.prefetch >= -1, "at least -1 (-1 = one while tasks are short)"),
                 ("lost_grace", self.lost_grace > 0, "more than 0 seconds"),
+                ("heartbeat", self.heartbeat > 0, "more than 0 seconds"),
+                ("worker_timeout", self.worker_timeout >= 3 * self.heartbeat,
+                 f"at least 3 heartbeats (run.heartbeat = {self.heartbeat:g} s)"),
+                ("master_timeout", self.master_timeout >= 3 * self.heartbeat,
+                 f"at least 3 heartbeats (run.heartbeat = {self.heartbeat:g} s)"),
                 ("task", ":" in self.task, "module:function")]
 
 

@@ -199,6 +199,22 @@ def launch(args: Any, argv: list[str], say: Callable[[str], None]) -> None:
         if job_id:
             say(f"submitted: {job.scheduler} job {job_id}")
         previous = job_id
+    if req.walltime:
+        say(failure_cost(req.layout.nodes, req.walltime, site))
+
+
+def failure_cost(nodes: int, walltime: int, site: dict) -> str:
+    """The share of the allocation node failures are expected to cost, with and without recovery
+    (galapagos/flows/recovery.py expected_loss), at the node MTBF the site profile states ([machine]
+    node_mtbf_hours) or the default."""
+    from galapagos.flows.recovery import NODE_MTBF_HOURS, expected_loss
+
+    mtbf = site.get("machine", {}).get("node_mtbf_hours")
+    without, recovered = expected_loss(nodes, walltime, mtbf or NODE_MTBF_HOURS)
+    source = "the site's [machine] node_mtbf_hours" if mtbf else "the default; a site states node_mtbf_hours"
+    return (f"node failures: {nodes} node(s) for {walltime / 3600:g} h at a node MTBF of {mtbf or NODE_MTBF_HOURS:g} h "
+            f"({source}) are expected to cost {without:.2%} of the allocation without recovery, {recovered:.2%} "
+            "with it (restarts on the nodes that answer)")
 
 
 def setup(args: Any, say: Callable[[str], None]) -> None:

@@ -43,6 +43,7 @@ class EvolveOptions(_Options):
     resume: bool = False
     members: int | None = None
     seed_from: str | None = None  # a run directory or a JSON file of genomes that start the population
+    max_restarts: int = 3  # started as one process: restarts of the job after a lost rank (flows/recovery.py)
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class EnsembleOptions(_Options):
     workers: int | None = None
     resume: bool = False
     pick: str | None = None  # only evaluations that meet it (evolve/pareto.py: an id or constraints)
+    max_restarts: int = 3  # started as one process: restarts of the job after a lost rank (flows/recovery.py)
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     e.add_argument("--resume", action="store_true", help="continue the run in --out from its results.jsonl")
     e.add_argument("--seed-from", metavar="RUN|FILE", help="warm start: the population starts from the best "
                    "genomes of an earlier run, or from a JSON file of genomes")
+    e.add_argument("--max-restarts", type=int, metavar="N", help="started without MPI: restart the job with --resume "
+                   "this many times when a worker rank is lost (default 3)")
 
     pr = sub.add_parser("predict", help="score a saved network or an ensemble on a split of a dataset")
     pr.add_argument("--model", required=True, help="a run's best/ directory (or the run directory), or an "
@@ -63,6 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "or core)")
     en.add_argument("--resume", action="store_true", help="finish an interrupted build in --out; members already "
                     "trained are kept")
+    en.add_argument("--max-restarts", type=int, metavar="N", help="started without MPI: restart the job with --resume "
+                    "this many times when a worker rank is lost (default 3)")
 
     de = sub.add_parser("design", help="one command for a new dataset: evolve, build the ensemble, report")
     de.add_argument("--data", required=True, help="HDF5 dataset (see `galapagos data check`)")
@@ -118,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_launch(sub)
     _add_setup(sub)
     _add_doctor(sub)
+    _add_supervise(sub)
     return p
 
 
@@ -223,3 +228,22 @@ def _add_doctor(sub) -> None:
                    help="what the job's launch line starts ranks with (default: the site's, else the scheduler's)")
     p.add_argument("--pmi", help="the PMI that launch line serves, e.g. srun --mpi=TYPE's TYPE (cray_shasta, pmix, "
                    "pmi2)")
+
+
+def _add_supervise(sub) -> None:
+    p = sub.add_parser("supervise", help="what a job script runs: start the job's ranks on a list of nodes and, when "
+                       "a node or rank is lost, probe the nodes and start again with --resume on those that answer",
+                       usage="galapagos supervise --nodes FILE [--ranks FILE | --per-node P] [options] "
+                             "-- PROGRAM evolve|ensemble|design ...")
+    p.add_argument("--nodes", required=True, metavar="FILE", help="the allocation's nodes, one a line; rank 0 "
+                   "goes on the first that answers")
+    p.add_argument("--ranks", metavar="FILE", help="the scheduler's ranks file that `galapagos launch` wrote beside "
+                   "the script (default: this installation's Hydra mpiexec on the host list)")
+    p.add_argument("--per-node", type=int, default=1, metavar="P", help="without --ranks: worker ranks per node")
+    p.add_argument("--max-restarts", type=int, default=3, metavar="N", help="restarts before the job ends with "
+                   "its summary and exit code 3 (default 3)")
+    p.add_argument("--min-nodes", type=int, default=1, metavar="N", help="end the job when fewer nodes answer")
+    p.add_argument("--probe-timeout", type=float, default=30.0, metavar="SECONDS", help="a node whose one-task "
+                   "probe takes longer is left out (default 30)")
+    p.add_argument("job_command", nargs=argparse.REMAINDER, metavar="-- COMMAND",
+                   help="how the nodes start galapagos, then its job command")

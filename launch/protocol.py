@@ -4,8 +4,8 @@ Two wires, one vocabulary:
 
 - MPI, master <-> worker ranks, on :data:`TAG`: the master sends :class:`Setup` (or :class:`SetupFailed`) once,
   then :class:`Task`, :class:`Cancel` and :class:`Stop`; a worker sends :class:`Ready` once, then
-  :class:`Progress` and :class:`Result`, and :class:`Stopped` last, in answer to Stop (or :class:`RankFailed`, if
-  it fails unexpectedly while serving).
+  :class:`Progress` and :class:`Result` (and :class:`Alive` when it has said nothing for a while), and
+  :class:`Stopped` last, in answer to Stop (or :class:`RankFailed`, if it fails unexpectedly while serving).
 - The pipe between a worker rank's supervisor and its trainer child: the supervisor sends :class:`TrainerDevice`
   (a child on a GPU, before its setup), :class:`TrainerSetup` once, then :class:`Task`, :class:`Cancel` and
   :class:`Stop`; the child answers :class:`TrainerReady` (or :class:`TrainerFailed`) once, then :class:`Progress`
@@ -40,12 +40,28 @@ class Status(str, Enum):
     TIMEOUT = "timeout"  # past its time limit
     CANCELLED = "cancelled"  # the run is ending; not an evaluation
     LOST = "lost"  # the worker rank stopped answering; its tasks are given up
+    # The disk refused the task's files (no room, a quota, read-only): not the candidate's fault. The master
+    # records nothing for it and stops the run (exit 2); --resume trains the evaluation again.
+    DISK = "disk"
 
     def __str__(self) -> str:  # "ok" in f-strings and logs, as in the journal
         return self.value
 
 
 # -- master -> worker ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Liveness:
+    """How the ranks of a job show they are alive (launch/heartbeat.py): a worker rank that has sent nothing else
+    for `interval` seconds sends Alive, and is given up once silent for `worker_timeout`; rank 0 touches
+    `master_file` every `interval` seconds while it serves, and the job is ended once it has not for
+    `master_timeout` (the [run] table's heartbeat, worker_timeout and master_timeout)."""
+
+    interval: float = 10.0
+    worker_timeout: float = 30.0
+    master_timeout: float = 60.0
+    master_file: str | None = None  # None: rank 0 leaves no file, and nothing outside the job watches it
+
+
 @dataclass(frozen=True)
 class Setup:
     """Sent once to every worker: what to run for each task and where trainers log."""
@@ -54,6 +70,7 @@ class Setup:
     log_dir: str | None = None
     chunk_bytes: int = 64 << 20  # for data given as in-memory arrays; a Plan carries its own
     want: dict | None = None  # what each worker asks of the shared arrays (datashare.share.share); None: all
+    liveness: Liveness = field(default_factory=Liveness)
 
 
 @dataclass(frozen=True)
@@ -94,6 +111,14 @@ class Progress:
     id: int
     rank: int
     metrics: dict
+
+
+@dataclass(frozen=True)
+class Alive:
+    """A worker rank's sign of life when it has sent nothing else for Liveness.interval seconds (any message
+    counts): the master only notes when it heard the rank."""
+
+    rank: int
 
 
 @dataclass(frozen=True)

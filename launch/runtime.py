@@ -1,4 +1,5 @@
-"""The master/worker runtime: steady-state dispatch of tasks over MPI, with progress, cancellation and limits.
+"""The master's runtime: steady-state dispatch of tasks over MPI, with progress, cancellation and limits (the
+worker's side is launch/session.py: worker_serve).
 
 The master never waits on one worker: it polls for any message, hands the next task to whichever worker is free,
 and sleeps briefly (Backoff) only when nothing happened, so it takes no CPU from training.
@@ -18,15 +19,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from galapagos.launch.heartbeat import Beacon, Silence
 from galapagos.launch.mpi import Backoff
-from galapagos.launch.protocol import TAG, Cancel, Progress, RankFailed, Ready, Result, Status, Stop, Stopped, Task
-from galapagos.launch.supervisor import START_TIMEOUT, Supervisor
+from galapagos.launch.protocol import (TAG, Alive, Cancel, Liveness, Progress, RankFailed, Ready, Result, Status, Stop,
+                                       Stopped, Task)
+from galapagos.launch.supervisor import START_TIMEOUT
 
 log = logging.getLogger(__name__)
 
 # Seconds past a task's time limit after which the master gives up the worker rank running it as lost. The rank's
 # supervisor kills a task at its limit and reports within seconds, but it may first have had to restart its trainer
-# child (up to START_TIMEOUT); a rank silent beyond that has stopped (SIGSTOP, a hung node) and would stall the run.
+# child (up to START_TIMEOUT). A silent rank (SIGSTOP, a hung node) is found by its heartbeat long before
+# (Liveness.worker_timeout); this is the backstop for a rank that still answers but never ends its task.
 LOST_GRACE = START_TIMEOUT + 60.0
 # Seconds the master reads on after Stop for every worker's answer (see protocol.Stopped): they come at once, unless
 # a worker is busy starting a trainer child.
@@ -104,6 +108,8 @@ class MasterState:
     stopping: bool = False
     ended: bool = False  # the loop is over: the source's last tick
     lost: set[int] = field(default_factory=set)  # worker ranks that stopped answering or failed: sent nothing more
+    # hosts given up whole: every worker rank there went silent together (a frozen or cut-off node; heartbeat.py)
+    lost_nodes: set[str] = field(default_factory=set)
     slots: Slots = field(default_factory=Slots)  # tasks each worker rank holds
 
     @property
@@ -146,8 +152,11 @@ def announce_ready(comm: Any) -> None:
 
 
 def stop_signal() -> str | None:
-    """The name of the first stop signal received, or None."""
-    return signal.Signals(_stop_signals[0]).name if _stop_signals else None
+    """The name of the first stop signal received, or None. A SIGUSR1 that the command which started the job passed
+    on names the signal the user sent, which that command wrote to $GALAPAGOS_STOP_FILE first (flows/mpijob.py)."""
+    name = signal.Signals(_stop_signals[0]).name if _stop_signals else None
+    relayed = os.environ.get("GALAPAGOS_STOP_FILE") if name == "SIGUSR1" else None
+    return (Path(relayed).read_text().strip() if relayed and os.path.isfile(relayed) else "") or name
 
 
 class _Serving:
@@ -160,13 +169,17 @@ class _Serving:
     bench/master_cost.py time this path)."""
 
     __slots__ = ("comm", "source", "deadline", "prefetch", "tick_seconds", "stop", "grace", "state", "slots", "sent",
-                 "heard", "order", "watch", "last_tick", "last_check", "unticked", "mean_seconds")
+                 "heard", "order", "watch", "last_tick", "last_check", "unticked", "mean_seconds", "silence", "seen",
+                 "beacon")
 
     def __init__(self, comm: Any, source: TaskSource, deadline: float | None, prefetch: int | None,
-                 tick_seconds: float, stop: Callable[[], Any] | None, grace: float) -> None:
+                 tick_seconds: float, stop: Callable[[], Any] | None, grace: float, liveness: Liveness) -> None:
         self.comm, self.source, self.deadline, self.prefetch = comm, source, deadline, prefetch
         self.tick_seconds, self.stop, self.grace = tick_seconds, stop, grace
         self.state = MasterState(workers=comm.size - 1)
+        self.silence = Silence(range(1, comm.size), liveness, time.time(), tick_seconds)
+        self.seen = self.silence.seen  # worker rank -> when any message of it last arrived
+        self.beacon = Beacon(liveness)  # rank 0's heartbeat file
         self.slots = self.state.slots
         self.sent: dict[int, float] = {}  # task id -> when it was sent
         self.heard: dict[int, float] = {}  # worker rank -> when it last reported a result (its queued task starts then)
@@ -179,15 +192,19 @@ class _Serving:
     def send(self, obj: Any, dest: int) -> None:
         self.comm.send(obj, dest=dest, tag=TAG)
 
-    def receive(self) -> bool:
-        """Step 1: everything that has arrived, each message decided on in order; True if there was any."""
-        event = False
+    def receive(self, now: float) -> bool:
+        """Step 1: everything that has arrived, each message decided on in order; True if there was any but Alive.
+        Any message is a sign of life of its rank: one timestamp, nothing more (launch/heartbeat.py)."""
+        event, seen = False, self.seen
         while True:
             msg = self.comm.improbe(tag=TAG)
             if msg is None:
                 return event
-            event = True
-            self.decide(msg.recv())
+            obj = msg.recv()
+            seen[obj.rank] = now
+            if obj.__class__ is not Alive:
+                event = True
+                self.decide(obj)
 
     def decide(self, obj: Any) -> None:
         """What one message changes: a result frees its worker's slot, progress may cancel its task, a rank that
@@ -243,6 +260,8 @@ class _Serving:
             # (https://docs.python.org/3/library/gc.html#gc.freeze).
             gc.freeze()
             self.give_up_silent_ranks(now)
+            self.give_up_quiet_ranks(now)
+            self.beacon.beat(now)
             if len(state.lost) == state.workers:
                 log.error("every worker rank stopped answering or failed (%s): ending the run",
                           ", ".join(map(str, sorted(state.lost))))
@@ -301,6 +320,17 @@ class _Serving:
             self.lose(rank, now, "stopped answering", f"task {task_id} is {now - began - task.time_limit:.0f} s "
                       f"past its time limit of {task.time_limit:g} s")
 
+    def give_up_quiet_ranks(self, now: float) -> None:
+        """Ranks silent past the worker timeout (launch/heartbeat.py: any message counts, a slow task does not
+        matter); all the ranks of a node at once when every one there is silent."""
+        for ranks, node, why in self.silence.given_up(now, self.state.hosts, self.state.lost):
+            if node is not None:
+                log.warning("node %s stopped answering: its worker rank(s) %s are silent (%s): giving the node up",
+                            node, ", ".join(map(str, ranks)), why)
+                self.state.lost_nodes.add(node)
+            for rank in ranks:
+                self.lose(rank, now, "stopped answering", why)
+
     def lose(self, rank: int, now: float, what: str, why: str) -> None:
         """Give up a worker rank that stopped answering or failed: its tasks end as LOST; it gets no more work."""
         held = list(self.order[rank])
@@ -314,7 +344,7 @@ class _Serving:
 
 def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None, prefetch: int | None = None,
                  tick: float = 1.0, stop: Callable[[], Any] | None = None,
-                 lost_grace: float | None = None) -> MasterState:
+                 lost_grace: float | None = None, liveness: Liveness | None = None) -> MasterState:
     """Run tasks from `source` on every other rank until it is finished or `deadline` (time.time()) passes.
 
     `stop` (e.g. stop_signal) is polled: once it returns something true the run ends as at the deadline: running
@@ -325,19 +355,21 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
     automatic: one while tasks are short (under SHORT_TASK seconds on average), else none, so that long tasks are
     bred from the freshest results and no worker idles at the end while another still holds a queued task.
 
-    A worker rank silent for `lost_grace` (default LOST_GRACE) seconds past the time limit of the task it runs is
-    given up as lost (see MasterState.lost: the caller must end the job with launch.session.abort_if_lost), as is
-    one that says it failed (protocol.RankFailed).
+    A worker rank silent for `liveness.worker_timeout` seconds is given up as lost (see MasterState.lost: the caller
+    must end the job with launch.session.abort_if_lost), as is one that says it failed (protocol.RankFailed), and
+    one that answers but is `lost_grace` (default LOST_GRACE) seconds past the time limit of the task it runs.
+    While it serves, rank 0 touches `liveness.master_file` (launch/heartbeat.py), for whoever watches the job.
     Whatever ends the loop, an exception included, every worker not lost is sent Stop, so that no rank waits
     forever; then (but for an exception) the master reads until each has answered (_read_until_stopped).
     """
-    loop = _Serving(comm, source, deadline, prefetch, tick, stop, LOST_GRACE if lost_grace is None else lost_grace)
+    loop = _Serving(comm, source, deadline, prefetch, tick, stop, LOST_GRACE if lost_grace is None else lost_grace,
+                    liveness or Liveness())
     state = loop.state
     backoff = Backoff()
     try:
         while True:
-            event = loop.receive()
             now = time.time()
+            event = loop.receive(now)
             if loop.ended(now):
                 break
             event = loop.fill() or event
@@ -349,6 +381,7 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
             else:
                 backoff.sleep()
     finally:
+        loop.beacon.close()
         stopped = [rank for rank in range(1, comm.size) if rank not in state.lost]
         for rank in stopped:
             loop.send(Stop(), rank)
@@ -372,35 +405,3 @@ def _read_until_stopped(comm: Any, ranks: list[int]) -> None:
     if waiting:
         log.warning("worker rank(s) %s did not answer Stop within %g s", ", ".join(map(str, sorted(waiting))),
                     STOPPED_WAIT)
-
-
-def worker_serve(comm: Any, supervisor: Supervisor, device: str) -> None:
-    """Serve the master until STOP: receive tasks and cancels, stream progress and results back."""
-    import socket
-
-    comm.send(Ready(comm.rank, socket.gethostname(), device), dest=0, tag=TAG)
-    backoff = Backoff()
-    try:
-        while True:
-            msg = comm.improbe(source=0, tag=TAG)
-            events: list = []
-            if msg is not None:
-                obj = msg.recv()
-                if isinstance(obj, Stop):
-                    supervisor.stop()  # a cancelled task writes nothing once the master has its answer
-                    comm.send(Stopped(comm.rank), dest=0, tag=TAG)  # the last message it sends
-                    break
-                if isinstance(obj, Task):
-                    events += supervisor.submit(obj)
-                elif isinstance(obj, Cancel):
-                    events += supervisor.cancel(obj.id, obj.status)
-            # While a task runs, wait on the child's pipe (select: no CPU) rather than sleeping blind.
-            events += supervisor.poll(0.0 if msg is not None else (0.01 if supervisor.busy else 0.0))
-            for ev in events:
-                comm.send(ev, dest=0, tag=TAG)
-            if msg is not None or events:
-                backoff.reset()
-            elif not supervisor.busy:
-                backoff.sleep()
-    finally:
-        supervisor.stop()

@@ -19,10 +19,12 @@ import numpy as np
 from galapagos.datashare.plan import Plan
 from galapagos.datashare.share import DataShareError, Shared, share
 from galapagos.datashare.shm import remove_stale
+from galapagos.launch.heartbeat import MasterSilent, MasterWatch, Pulse
 from galapagos.launch.mpi import Backoff, node_comm
 from galapagos.launch.placement import Placement, node_placement
-from galapagos.launch.protocol import EXIT_BAD_INPUT, EXIT_CRASH, EXIT_LOST, TAG, RankFailed, Setup, SetupFailed
-from galapagos.launch.runtime import MasterState, TaskSource, master_serve, worker_serve
+from galapagos.launch.protocol import (EXIT_BAD_INPUT, EXIT_CRASH, EXIT_LOST, TAG, Cancel, Liveness, RankFailed, Ready,
+                                      Setup, SetupFailed, Stop, Stopped, Task)
+from galapagos.launch.runtime import MasterState, TaskSource, master_serve
 from galapagos.launch.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -64,6 +66,7 @@ def master_start(comm: Any, setup: Setup | SetupFailed, data: Plan | dict[str, n
 def master_run(comm: Any, setup: Setup, source: TaskSource, data: Plan | dict[str, np.ndarray] | None = None,
                memory: dict[str, np.ndarray] | None = None, **serve: Any):
     shared = master_start(comm, setup, data, memory)
+    serve.setdefault("liveness", setup.liveness)
     try:
         return master_serve(comm, source, **serve)
     finally:
@@ -106,9 +109,12 @@ def worker_main(comm: Any, preload: str | None = None) -> int:
             start_failed(comm, exc)
         if isinstance(started, int):
             return started
-        shared, device = started
+        shared, device, liveness, watch = started
         try:
-            worker_serve(comm, supervisor, device)
+            worker_serve(comm, supervisor, device, liveness, watch)
+        except MasterSilent as exc:  # rank 0 is stopped or hung: nobody else may end the job (a plain srun)
+            log.error("worker rank %d on %s: %s", comm.rank, socket.gethostname(), exc)
+            flush_then_abort(comm, EXIT_LOST)
         except Exception as exc:
             # Rank 0 is told at once, rather than finding this rank silent past its task's time limit: it gives up
             # the rank's tasks and goes on with the other workers.
@@ -123,8 +129,9 @@ def worker_main(comm: Any, preload: str | None = None) -> int:
         supervisor.stop()
 
 
-def _start(comm: Any, supervisor: Supervisor) -> tuple[Shared, str] | int:
-    """The worker's part of the job's start: (its hold on the shared data, its device), or the exit code when the
+def _start(comm: Any, supervisor: Supervisor) -> tuple[Shared, str, Liveness, MasterWatch | None] | int:
+    """The worker's part of the job's start: (its hold on the shared data, its device, the job's heartbeat
+    settings, and the watch on rank 0's heartbeat of the first worker rank of each node), or the exit code when the
     job cannot start (bad input: rank 0 says why)."""
     backoff = Backoff(longest=0.01)
     while (msg := comm.improbe(source=0, tag=TAG)) is None:
@@ -132,8 +139,6 @@ def _start(comm: Any, supervisor: Supervisor) -> tuple[Shared, str] | int:
     setup = msg.recv()
     if isinstance(setup, SetupFailed):
         return EXIT_BAD_INPUT  # the master could not start; it says why
-    # A launcher ends a job with SIGTERM: exit through `finally`, so the shared segment is released.
-    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     remove_stale()
     log_path = None
     if setup.log_dir:
@@ -151,7 +156,17 @@ def _start(comm: Any, supervisor: Supervisor) -> tuple[Shared, str] | int:
         node.Free()
     supervisor.attach(shared.descriptor())
     log.debug("worker %d on %s: %s, cores %s", comm.rank, socket.gethostname(), placement.device, placement.cores)
-    return shared, placement.device
+    return shared, placement.device, setup.liveness, _master_watch(setup.liveness, placement)
+
+
+def _master_watch(liveness: Liveness, placement: Placement) -> MasterWatch | None:
+    """The first worker rank of each node watches rank 0's heartbeat file: one look per node and interval on the
+    shared file system, and a node other than rank 0's finds it silent even when rank 0's whole node froze. It
+    waits half as long again as the timeout, so that a watcher outside the job (the command that started it, the
+    recovery supervisor), which ends it more cleanly, goes first where there is one."""
+    if not liveness.master_file or placement.local_index != 0:
+        return None
+    return MasterWatch(liveness.master_file, 1.5 * liveness.master_timeout, every=liveness.interval)
 
 
 def start_failed(comm: Any, exc: Exception) -> NoReturn:
@@ -161,3 +176,43 @@ def start_failed(comm: Any, exc: Exception) -> NoReturn:
     log.error("worker rank %d on %s failed while the job started: %s: %s; ending the job", comm.rank,
               socket.gethostname(), type(exc).__name__, exc, exc_info=exc)
     flush_then_abort(comm, EXIT_CRASH)
+
+
+def worker_serve(comm: Any, supervisor: Supervisor, device: str, liveness: Liveness | None = None,
+                 watch: MasterWatch | None = None) -> None:
+    """Serve the master until STOP: receive tasks and cancels, stream progress and results back, and Alive when
+    nothing else went for a heartbeat's interval (also while the supervisor waits for its trainer child to start).
+    `watch`: rank 0's heartbeat file, on the first worker rank of each node; MasterSilent once it stands still."""
+    pulse = Pulse(comm, (liveness or Liveness()).interval)
+    supervisor.waiting = pulse.beat
+    comm.send(Ready(comm.rank, socket.gethostname(), device), dest=0, tag=TAG)
+    backoff = Backoff()
+    try:
+        while True:
+            msg = comm.improbe(source=0, tag=TAG)
+            events: list = []
+            if msg is not None:
+                obj = msg.recv()
+                if isinstance(obj, Stop):
+                    supervisor.stop()  # a cancelled task writes nothing once the master has its answer
+                    comm.send(Stopped(comm.rank), dest=0, tag=TAG)  # the last message it sends
+                    break
+                if isinstance(obj, Task):
+                    events += supervisor.submit(obj)
+                elif isinstance(obj, Cancel):
+                    events += supervisor.cancel(obj.id, obj.status)
+            # While a task runs, wait on the child's pipe (select: no CPU) rather than sleeping blind.
+            events += supervisor.poll(0.0 if msg is not None else (0.01 if supervisor.busy else 0.0))
+            for ev in events:
+                comm.send(ev, dest=0, tag=TAG)
+            if events:
+                pulse.sent()
+            pulse.beat()
+            if watch is not None and (silent := watch.check()) is not None:
+                raise MasterSilent(watch.describe(silent))
+            if msg is not None or events:
+                backoff.reset()
+            elif not supervisor.busy:
+                backoff.sleep()
+    finally:
+        supervisor.stop()

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from multiprocessing import Pipe
 from pathlib import Path
 
@@ -73,6 +73,8 @@ class Supervisor:
         self.started = 0.0
         self.cancel_sent: float | None = None
         self.cancel_status: str | None = None
+        # called about every second while this waits for a child to start: the rank's heartbeat goes on meanwhile
+        self.waiting: Callable[[], object] = lambda: None
 
     # -- the child -------------------------------------------------------------------------------------------
     def start(self) -> None:
@@ -134,9 +136,12 @@ class Supervisor:
         if fd is not None:
             with socket.socket(fileno=os.dup(parent.fileno())) as sock:
                 socket.send_fds(sock, [b"\0"], [fd])
-        if not parent.poll(START_TIMEOUT):
-            self._kill()
-            raise RuntimeError(f"trainer child on rank {self.rank} did not start within {START_TIMEOUT:.0f} s")
+        began = time.monotonic()
+        while not parent.poll(min(1.0, START_TIMEOUT)):
+            if time.monotonic() - began >= START_TIMEOUT:
+                self._kill()
+                raise RuntimeError(f"trainer child on rank {self.rank} did not start within {START_TIMEOUT:.0f} s")
+            self.waiting()
         try:
             reply = parent.recv()
         except EOFError:

@@ -6,6 +6,7 @@ Stop (messages: launch/protocol.py).
 """
 from __future__ import annotations
 
+import errno
 import gc
 import logging
 import math
@@ -70,6 +71,37 @@ def status_of(exc: BaseException) -> Status:
     return Status.FAILED
 
 
+# The errors that mean the disk refused a write rather than the task failing: no room, a quota, a read-only file
+# system (errno(3)). They end the run (Status.DISK), since every candidate after would fail the same way. torch's own
+# file writer (caffe2/serialize/inline_container.cc) reports them without their errno where it was given a path: a
+# write that came short ("unexpected pos ...", "file write failed") or a file it could not open (with the strerror).
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS})
+_TORCH_WRITER = "inline_container.cc"
+_TORCH_SHORT_WRITE = ("unexpected pos", "file write failed", "failed writing")
+
+
+def disk_fault(exc: BaseException, path: str | None = None) -> str | None:
+    """What the disk refused, in one line ("PATH: No space left on device"; `path` where the error names none), when
+    `exc`, or an error it was raised from or while handling, is a write the disk refused; None for any other
+    failure."""
+    chain: list[BaseException] = []
+    where = f"{path}: " if path else ""
+    while exc is not None and not any(exc is seen for seen in chain):
+        chain.append(exc)
+        if isinstance(exc, OSError) and exc.errno in DISK_ERRNOS:
+            return f"{exc.filename}: {exc.strerror}" if exc.filename else f"{where}{exc.strerror}"
+        exc = exc.__cause__ or exc.__context__
+    for seen in chain:
+        text = str(seen).strip()
+        if _TORCH_WRITER not in text:
+            continue
+        named = [os.strerror(n) for n in sorted(DISK_ERRNOS) if os.strerror(n) in text]
+        if named or any(words in text for words in _TORCH_SHORT_WRITE):
+            first = text.splitlines()[0][:200] if text else ""
+            return where + (named[0] if named else f"a write came short ({first})")
+    return None
+
+
 def run_one(fn: Callable, task: Task, ctx: TaskContext) -> Outcome:
     """Run one task and turn whatever happens into its Outcome."""
     ctx.task_id, ctx.best_fitness = task.id, None
@@ -81,6 +113,9 @@ def run_one(fn: Callable, task: Task, ctx: TaskContext) -> Outcome:
     except BaseException as exc:  # noqa: BLE001 - every failure becomes a status, the child lives on
         if isinstance(exc, KeyboardInterrupt):
             raise
+        if (refused := disk_fault(exc, getattr(task.payload, "save", None))) is not None:  # the run stops
+            log.warning("task %s: the disk refused a write: %s", ctx.task_id, refused)
+            return Outcome(task.id, Status.DISK, None, {}, refused)
         lines = traceback.format_exception_only(type(exc), exc)
         log.warning("task %s failed:\n%s", ctx.task_id, traceback.format_exc())
         return Outcome(task.id, status_of(exc), None, {}, "".join(lines).strip()[-2000:])
@@ -177,6 +212,9 @@ def _received_fd(fd: int) -> int:
 
 def main(fd: int, task_fn: str | None = None) -> None:
     die_with_parent()
+    # scancel and a scheduler's time limit send SIGTERM to every process of the job, this child too: its worker rank
+    # stops it (Stop, then SIGKILL) as the job stops cleanly, and a task killed here would be recorded as crashed.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     conn = Connection(fd)
     preloaded = _preload(task_fn)
     while isinstance(setup := conn.recv(), TrainerDevice):

@@ -310,6 +310,25 @@ class Cluster:
         """subprocess.Popen inside `node`."""
         return subprocess.Popen(self.command(node, argv, kwargs.pop("cwd", None)), **kwargs)
 
+    def kill_node(self, node: int | str | Node) -> int:
+        """The node dies: SIGKILL its holder first, so that the launcher's entry for it fails from then on, then every
+        process in its namespaces. Returns how many processes were killed."""
+        dead = self.node(node)
+        spaces, killed = dead.namespaces(), 1
+        os.kill(dead.pid, signal.SIGKILL)
+        for _ in range(20):  # a killed process's children may have forked meanwhile: until none is left
+            inside = [pid for pid in pids_in(spaces) if pid not in (os.getpid(), dead.pid)]
+            if not inside:
+                break
+            for pid in inside:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                    killed += 1
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.02)
+        return killed
+
     def shm(self, node: int | str | Node) -> list[str]:
         """The names in the node's own /dev/shm."""
         return sorted(os.listdir(self.node(node).root / "dev/shm"))

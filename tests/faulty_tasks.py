@@ -47,6 +47,13 @@ def slow_quick(payload, ctx):
     return quick(payload, ctx)
 
 
+def kills_its_rank(payload, ctx):
+    """SIGKILLs the worker rank that runs it (this trainer child's parent), as the loss of its node would: MPICH then
+    ends every rank of the job."""
+    os.kill(os.getppid(), signal.SIGKILL)
+    time.sleep(60)
+
+
 def reporter(payload, ctx):
     """Reports a rising fitness until cancelled."""
     for epoch in range(1, 10_000):

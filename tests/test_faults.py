@@ -10,8 +10,10 @@ ranks, real signals, real files). The table, fault -> expected outcome:
 | ... in `design`                                   | the same, then the job ends before the ensemble's phase         |
 | a worker rank fails unexpectedly (a bug)          | rank 0 is told at once; as above (tests/test_lost_worker.py)    |
 | ... while the job starts                          | one line naming the error, every rank ends (MPI_Abort), exit 1  |
-| a worker rank is killed (SIGKILL)                 | MPICH ends every rank; the command writes the summary from the  |
-|                                                   | journal, prints the resume command, removes MPICH's segments    |
+| a worker rank is killed (SIGKILL)                 | MPICH ends every rank; the command restarts it with --resume    |
+|                                                   | (tests/test_recovery.py); with --max-restarts 0 it writes the   |
+|                                                   | summary from the journal, prints the resume command, removes    |
+|                                                   | MPICH's segments                                                |
 | rank 0 fails unexpectedly (a bug)                 | one line naming the error, every rank ends (MPI_Abort), exit 1  |
 | the disk under --out fills up                     | one line: the path and the room left; exit 2, no rank left      |
 | too little room under --out for the model files   | refused at start: the room and what the run may need; exit 2    |
@@ -253,11 +255,12 @@ def test_too_little_room_for_the_models_is_refused_at_start(data, mount):
 
 
 def test_a_killed_worker_rank_ends_the_job_with_a_summary(data, tmp_path):
+    """Without restarts (--max-restarts 0; the restart itself: tests/test_recovery.py)."""
     from galapagos.launch.mpi import orphaned_segments, shm_segments
 
     before = shm_segments()
     out = tmp_path / "run"
-    job = running_job(data, out)
+    job = running_job(data, out, "--max-restarts", 0)
     os.kill(worker_ranks(out)[0], signal.SIGKILL)  # MPICH then ends every rank: no rank 0 summary
     stdout, stderr = job.communicate(timeout=120)
     assert job.returncode != 0 and "Traceback" not in stderr, stderr

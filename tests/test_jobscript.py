@@ -44,9 +44,28 @@ def directives(text: str, prefix: str) -> list[str]:
     return [line[len(prefix):].strip() for line in text.splitlines() if line.startswith(prefix + " ")]
 
 
+def ranks_text(text: str) -> str:
+    """The ranks file beside a script (launch/scripts/body.py), which the script's `galapagos supervise` line runs
+    to start the ranks on the nodes that answer."""
+    job_dir = shlex.split(next(x for x in text.splitlines() if x.startswith("job_dir=")).partition("=")[2])[0]
+    name = re.search(r'--ranks "\$job_dir/([^"]+)"', text).group(1)
+    return (Path(job_dir) / name).read_text()
+
+
 def launch_line(text: str) -> str:
-    """The line that starts the MPI job (run in the background so the trap can pass signals on)."""
-    lines = [line for line in text.splitlines() if line.endswith(" &") and '"${command[@]}"' in line]
+    """The line that starts the MPI job on the whole allocation: the ranks file's `exec` line, its node count
+    ($nodes, the nodes that answer) worked out for every node of the job."""
+    nodes = int(re.search(r"^# (\d+) node\(s\), ", text, re.MULTILINE).group(1))
+    lines = [x[len("exec "):] for x in ranks_text(text).splitlines() if x.startswith("exec ")
+             and '"${command[@]}"' in x]
+    assert len(lines) == 1, ranks_text(text)
+    line = re.sub(r"\$\(\((.+?)\)\)", lambda m: str(eval(m.group(1).replace("nodes", str(nodes)))), lines[0])
+    return re.sub(r'\$nodes\b|"\$nodes"', str(nodes), line)
+
+
+def supervise_line(text: str) -> str:
+    """The script's run line: galapagos supervise, in the background so that the trap can pass signals on."""
+    lines = [x for x in text.splitlines() if x.endswith(" &") and " supervise " in x]
     assert len(lines) == 1, text
     return lines[0][:-2]
 
@@ -136,7 +155,7 @@ def test_every_scheduler_renders_the_layout(scheduler, nodes, gpus, data, tmp_pa
     nounset = next(i for i, x in enumerate(lines) if x.startswith("set -u "))
     order = [strict, *(lines.index(x) for x in ("module load cuda", "source /opt/venv/bin/activate")), nounset,
              *(lines.index(x) for x in ('export OMP_NUM_THREADS="7"', 'export CACHE="/tmp/c-$USER"'))]
-    assert order == sorted(order) and order[-1] < lines.index(line + " &")  # nounset only after the site setup
+    assert order == sorted(order) and order[-1] < lines.index(supervise_line(text) + " &")  # nounset after the setup
     assert not any(x.startswith(("set -u", "set -eu")) for x in lines[:nounset])
     assert f"{workers} worker(s) + 1 master = {ranks} MPI ranks" in text
 
@@ -157,8 +176,8 @@ def test_every_scheduler_renders_the_layout(scheduler, nodes, gpus, data, tmp_pa
         assert "--gpu-bind=none" in line and "--cpu-bind=none" in line and "--gpus-per-task" not in text
         assert "--mpi=" not in line and not any(x.startswith("--qos") for x in d)
         # the host list: the first node once more (rank 0) then gpus per node
-        assert f"awk -v per={gpus} 'NR == 1 {{print}} {{for (i = 0; i < per; i++) print}}'" in text
-        assert "SLURM_HOSTFILE" in text
+        assert f"awk -v per={gpus} 'NR == 1 {{print}} {{for (i = 0; i < per; i++) print}}'" in ranks_text(text)
+        assert "SLURM_HOSTFILE" in ranks_text(text) and "--no-kill" in d  # a dead node leaves the allocation
     elif scheduler == "lsf":
         assert {f"-nnodes {nodes}", "-W 02:00", "-wa USR1", "-wt 5", "-P ABC123", "-q batch",
                 "-J shapes-big"} <= set(d)
@@ -172,8 +191,8 @@ def test_every_scheduler_renders_the_layout(scheduler, nodes, gpus, data, tmp_pa
         assert parts == [(gpus + 1, gpus + 1), (workers - gpus, gpus)]  # rank 0 + first node's workers first
         assert sum(n for n, _ in parts) == ranks
         assert ("-cc none" if scheduler == "alps" else "--cpu-bind none") in line
-        if scheduler == "pbs":  # PALS: no host list (Hydra refuses it twice; PALS takes $PBS_NODEFILE), no Hydra flags
-            assert "--hosts" not in line and "-f " not in line and "--hostfile" not in line
+        if scheduler == "pbs":  # PALS: the nodes that answer as one host file (Hydra refuses it twice), no Hydra flags
+            assert "--hosts" not in line and "-f " not in line and line.count('--hostfile "$node_file"') == 1
             assert "is not HPE Cray PALS's" in text
         assert f"sleep {7200 - 300}" in text and "kill -USR1 $$" in text  # the watchdog ahead of the wall time
     elif scheduler == "flux":

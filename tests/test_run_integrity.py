@@ -67,7 +67,8 @@ def test_resume_refuses_other_data_and_accepts_a_copy(tmp_path):
     assert line.endswith("(what differs: sample shape)")
 
     reg = regression(tmp_path / "reg.h5")
-    with pytest.raises(RunDirError, match=r"has regression, .* 2 targets.*\(what differs: task, classes/targets, split sizes\)$"):
+    differs = r"\(what differs: task, classes/targets, split sizes\)$"
+    with pytest.raises(RunDirError, match=r"has regression, .* 2 targets.*" + differs):
         run.check_data(inspect(reg), reg)
 
 
@@ -78,7 +79,8 @@ def test_resume_refuses_a_changed_byte_of_the_same_shape(tmp_path):
     shutil.copy(data, edited)
     with h5py.File(edited, "r+") as f:
         f["train/x"][3, 0, 2, 2] += 1
-    with pytest.raises(RunDirError, match=r"same structure but the file's contents differ \(size [\d,]+ vs"):
+    with pytest.raises(RunDirError, match=r"same structure but the file's contents differ \(the same size, [\d,]+ "
+                                          r"bytes; what differs: its values"):
         run.check_data(inspect(edited), edited)
 
 
@@ -100,7 +102,8 @@ def test_a_large_file_is_hashed_by_samples():
     size = 5 << 40  # 5 TiB: a few MiB read
     pieces = sample_ranges(size)
     assert sum(n for _, n in pieces) == 2 * fingerprint.EDGE_BYTES + fingerprint.BLOCKS * fingerprint.BLOCK_BYTES
-    assert pieces[0] == (0, fingerprint.EDGE_BYTES) and pieces[-1] == (size - fingerprint.EDGE_BYTES, fingerprint.EDGE_BYTES)
+    edge = fingerprint.EDGE_BYTES
+    assert pieces[0] == (0, edge) and pieces[-1] == (size - edge, edge)
     assert all(a + n <= b for (a, n), (b, _) in zip(pieces, pieces[1:]))
     assert sample_ranges(1000) == [(0, 1000)]
 

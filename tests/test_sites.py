@@ -20,7 +20,8 @@ from galapagos.launch.scripts import (SCHEDULERS, JobScriptError, apply_site, bu
                                       check_queue_limits, find_site, load_site, parse_walltime, render, smt_level)
 from galapagos.launch.scripts.sites import LAUNCHERS, bundled_dir
 from tests.mpirun import REPO
-from tests.test_jobscript import check_erf, data, directives, launch, launch_line, srun_rules, written  # noqa: F401
+from tests.test_jobscript import (check_erf, data, directives, launch, launch_line, srun_rules,  # noqa: F401
+                                  supervise_line, written)
 
 NAMES = bundled_sites()
 LIVE = [n for n in NAMES if "retired" not in load_site(n)]
@@ -66,7 +67,8 @@ def _check_route(profile: dict, text: str, nodes: int) -> None:
         assert nodes == 1 or "--distribution=arbitrary" in line
     elif mpi["launcher"] == "pals":
         assert line.startswith("mpiexec --cpu-bind none") and "is not HPE Cray PALS's" in text
-        assert not re.search(r"--hosts?\b|-f |--hostfile|(?<!-)-ppn ", line)  # PALS's own flags only, no hosts
+        assert not re.search(r"--hosts?\b|-f |(?<!-)-ppn ", line)  # PALS's own flags only
+        assert line.count('--hostfile "$node_file"') == 1  # the nodes that answer (galapagos supervise)
     elif mpi["launcher"] == "flux":
         assert line.startswith(f"flux run -N {nodes} ")
     elif mpi["launcher"] == "jsrun":
@@ -311,7 +313,7 @@ def test_the_script_runs_doctor_before_the_ranks_and_stops_on_a_pmi_mismatch(dat
                             "--data", data, "--out", tmp_path / "run", "--evaluations", 10)
     assert code == 0, err
     text = written(out)[0].read_text()
-    assert text.index("set -u ") < text.index("doctor --before-launch") < text.index("srun --ntasks")
+    assert text.index("set -u ") < text.index("doctor --before-launch") < text.index(supervise_line(text))
     line = next(line for line in text.splitlines() if " doctor --before-launch " in line)
     assert "--launcher srun" in line and "--pmi cray_shasta" in line and "frontier.toml" in line
     proc = subprocess.run(["bash", "-c", _preflight(text)], capture_output=True, text=True, timeout=120,

@@ -32,6 +32,7 @@ import pytest
 
 from galapagos.examples import shapes
 from tests.mpirun import REPO
+from tests.test_jobscript import ranks_text
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
 
@@ -128,7 +129,7 @@ def test_submitted_evolution_runs_to_completion(cluster, data, tmp_path, launche
     script, job = slurm_launch("--", "galapagos", "evolve", "--data", data, "--out", out, "--evaluations", 12, *TINY,
                                launcher=launcher)
     if launcher == SRUN_PMI2:
-        line = next(x for x in script.read_text().splitlines() if x.startswith("srun "))
+        line = next(x for x in ranks_text(script.read_text()).splitlines() if x.startswith("exec srun "))
         assert "--mpi=pmi2" in line and "--nodes" not in line
     info = wait_for(job, 240)
     log = (script.parent / f"{script.stem}-{job}.out").read_text()

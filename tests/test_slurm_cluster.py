@@ -26,6 +26,7 @@ from galapagos.examples import shapes
 from tests.cluster import LOCAL, MPI_ENV, Cluster, cluster_problem
 from tests.mpirun import REPO
 from tests.slurm_cluster import SlurmCluster, slurm_problem, start_slurm
+from tests.test_jobscript import launch_line, ranks_text
 from tests.test_slurm import TINY
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
@@ -142,11 +143,12 @@ def test_four_node_evolve_then_ensemble(slurm, data, tmp_path, launcher):
                          *TINY)
     text = script.read_text()
     assert "#SBATCH --nodes=4" in text and "#SBATCH --ntasks=5" in text
-    assert 'export SLURM_HOSTFILE="$job_dir/hosts-$SLURM_JOB_ID"' in text
+    assert 'export SLURM_HOSTFILE="$job_dir/hosts-$SLURM_JOB_ID"' in ranks_text(text) and "--no-kill" in text
+    line = launch_line(text)  # in the ranks file galapagos supervise runs, for the 4 nodes
     if launcher == "mpiexec":
-        assert re.search(r'mpiexec -n 5 -f "\$SLURM_HOSTFILE" "\$\{command\[@\]\}"', text), text
+        assert re.search(r'mpiexec -n 5 -f "\$SLURM_HOSTFILE" "\$\{command\[@\]\}"', line), line
     else:
-        assert re.search(r"^srun --ntasks=5 --distribution=arbitrary .*--mpi=pmi2 ", text, re.MULTILINE), text
+        assert re.search(r"^srun --ntasks=5 --distribution=arbitrary .*--mpi=pmi2 ", line), line
     log = finished(slurm, script, job)
     # the host list: the first node twice over (rank 0 and its worker), then one worker per node
     assert (script.parent / f"hosts-{job}").read_text().split() == [first, *nodes]

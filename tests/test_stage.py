@@ -13,7 +13,7 @@ import pytest
 
 from galapagos.launch.scripts import SCHEDULERS_ORDER, build_request, render
 from galapagos.launch.scripts.stage import environment, pack_environment
-from tests.test_jobscript import TINY, command_array, data, launch, launch_line  # noqa: F401 - fixture
+from tests.test_jobscript import TINY, command_array, data, launch, supervise_line  # noqa: F401 - fixture
 
 PER_NODE = {"pbs": "mpiexec -n 2 --ppn 1", "alps": "aprun -n 2 -N 1", "lsf": "jsrun -n 2 -r 1 -a 1 -c 1",
             "flux": "flux run -N 2 -n 2", "slurm": "srun --nodes=2 --ntasks=2 --ntasks-per-node=1"}
@@ -50,7 +50,7 @@ def test_staged_scripts(scheduler, data, tmp_path):  # noqa: F811
     assert words.startswith(f'command=("$stage/{environment().name}/bin/python" -m galapagos.cli evolve')
     assert f'--data "$stage/{data.name}"' in words
     copies = [line for line in lines if PER_NODE[scheduler] in line]
-    start = lines.index(launch_line(text) + " &")
+    start = lines.index(supervise_line(text) + " &")
     assert copies and all(lines.index(c) < start for c in copies[:-1])  # filled before the ranks start
     assert copies[-1].endswith('rm -rf "$stage" || true') and lines.index(copies[-1]) > start  # removed after
     if scheduler == "slurm":

@@ -191,7 +191,7 @@ def start_workers(session: MasterSession, job: EnsembleJob) -> None:
             write_json(job.out.plan, [s.to_dict() for s in job.specs])
         plan, memory, _ = dataset_plan(job.data, ("train", "val"), val_fraction=run.val_fraction, seed=run.seed,
                                        chunk_bytes=run.chunk_mib << 20, readers=run.readers or "node")
-    session.start(Setup(run.task, str(job.out.logs)), plan, memory)
+    session.start(Setup(run.task, str(job.out.logs), liveness=run.liveness(job.out.master_heartbeat)), plan, memory)
 
 
 def master_build(session: MasterSession, job: EnsembleJob) -> dict | None:
@@ -205,6 +205,8 @@ def master_build(session: MasterSession, job: EnsembleJob) -> dict | None:
     log.info("training %d of %d ensemble member(s) (%d epochs each, limit %.0f s) on %d worker(s)",
              len(source.pending), len(job.specs), source.train.epochs, source.timeout, session.workers)
     state = session.serve(source, lost_grace=job.config.run.lost_grace)
+    if state.lost:  # for the job's supervisor: which nodes to probe (galapagos/flows/recovery.py)
+        job.out.record_lost({r: state.hosts.get(r, "") for r in state.lost}, getattr(state, "lost_nodes", ()))
     if source.cancelled or not source.finished():
         return None
     metrics = finish(job, source.records)

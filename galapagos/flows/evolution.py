@@ -49,7 +49,15 @@ def check(opts: EvolveOptions) -> tuple[Config, DatasetInfo, dict]:
     data_memory(config.data, config.run, info, opts.workers or default_workers())  # refuses when nothing fits
     run = RunDir.check(opts.out, resume=opts.resume)
     data = run.check_data(info, opts.data) if opts.resume else data_fingerprint(info, opts.data)
+    check_room(run, config, opts.workers or 1)  # at least one worker's (rank 0 knows how many: it looks again)
     return config, info, data
+
+
+def check_room(run: RunDir, config: Config, workers: int) -> None:
+    """Refuse a disk too small for the weights the run keeps (the best, and the population's for inheritance), one
+    being written per worker, and best/."""
+    run.check_room(config.run.keep_models + workers + 1 + config.evolution.inherit * config.evolution.population_size,
+                   config.space.max_params)
 
 
 def check_task(spec: str, key: str = "run.task") -> None:
@@ -78,15 +86,12 @@ def evolve(session: MasterSession, opts: EvolveOptions) -> dict:
     with session.starting():
         config, info, data = check(opts)
         run = RunDir.open(opts.out, resume=opts.resume)
-        session.hold(run.lock().release)
+        session.hold(run.hold())
+        session.on_refusal(run.discard)  # a refused start leaves --out as it found it (the lock still held)
         setup_logging(0, run.master_log)
-        run.record_data(data, resume=opts.resume)
         records = run.read_journal() if opts.resume else []
         spent = run.spent_seconds() if opts.resume else 0.0
-        run.config.write_text(config.dumps())
-        # Kept weights (the best, and the population's for inheritance), one being written per worker, and best/.
-        run.check_room(config.run.keep_models + session.workers + 1 + config.evolution.inherit
-                       * config.evolution.population_size, config.space.max_params)
+        check_room(run, config, session.workers)
         problem = Problem.of_dataset(info)
         engine = Engine(config.space, problem, config.evolution)
         if records:
@@ -116,7 +121,9 @@ def evolve(session: MasterSession, opts: EvolveOptions) -> dict:
              opts.data, info.task, tuple(info.sample_shape), session.workers,
              " and ".join(filter(None, [config.run.evaluations and f"{config.run.evaluations} evaluations",
                                         config.run.budget_minutes and f"{config.run.budget_minutes:g} minutes"])))
-    session.start(Setup(config.run.task, str(run.logs), want=want), plan, memory)
+    session.start(Setup(config.run.task, str(run.logs), want=want, liveness=config.run.liveness(run.master_heartbeat)),
+                  plan, memory)
+    run.begin(config.dumps(), data, resume=opts.resume)  # the run's config and data.json: the job has started
     cpu, serve_start = time.process_time(), time.time()
     state = session.serve(source, deadline=deadline, lost_grace=config.run.lost_grace,
                           prefetch=prefetch(config.run.prefetch, session.workers))
@@ -141,6 +148,7 @@ def conclude(run: RunDir, config: Config, source: EvolutionSource, state: Master
         summary["stopped_by"] = stopped
     if state.lost:
         summary["lost_ranks"] = sorted(state.lost)
+        run.record_lost({r: state.hosts.get(r, "") for r in state.lost}, getattr(state, "lost_nodes", ()))
     if source.front is not None:
         summary["pareto_front"] = len(source.front.members)
     if source.exhausted:

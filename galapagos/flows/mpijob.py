@@ -34,9 +34,12 @@ class JobFailed(RuntimeError):
     """The started job ended without a result; its ranks' output says why. `summary` is what the flow's salvage
     made of the run's files (None when it has none)."""
 
-    def __init__(self, name: str, code: int, summary: dict | None = None):
+    def __init__(self, name: str, code: int, summary: dict | None = None, *, reason: str | None = None,
+                 stopped: bool = False):
         super().__init__(f"galapagos {name}: the job ended with exit code {code} (see its output above)")
         self.code, self.summary = code, summary
+        self.reason = reason  # why the job was given up (galapagos/flows/recovery.py), for the user's one line
+        self.stopped = stopped  # a stop signal ended it: not restarted
 
 
 class WorkerExit(Exception):
@@ -113,8 +116,10 @@ def run(ref: FlowRef, opts: Any) -> dict | None:
             opts, ranks = flow.plan(opts)
             return start_ranks(flow.name, opts, ranks - 1) if ranks > 1 else flow.master(None, opts)
         flow.check(opts)
-        return start_ranks(flow.name, opts, default_workers() if opts.workers is None else opts.workers,
-                           salvage=flow.salvage)
+        from galapagos.flows.recovery import restart_locally
+
+        return restart_locally(flow.name, opts, default_workers() if opts.workers is None else opts.workers,
+                               start_ranks, flow.salvage, JobFailed)
     return run_rank(ref, opts)
 
 
@@ -128,6 +133,8 @@ def run_rank(ref: FlowRef, opts: Any) -> dict | None:
     catch_stop_signals()
     comm = _world(world)
     check_wired(comm)
+    if comm.rank != 0 and not ref.collective:
+        worker_stop_signals()
     if comm.rank == 0:
         from galapagos.launch.doctor import job_report
 
@@ -152,12 +159,43 @@ def run_rank(ref: FlowRef, opts: Any) -> dict | None:
         except (Exception, KeyboardInterrupt) as exc:
             abort(comm, flow.name, exc, getattr(opts, "out", None))
     setup_logging(comm.rank)
-    for phase in range(ref.phases):
-        if (code := worker_main(comm, ref.task)) != 0:  # the master could not start this phase; it says why
-            if phase == 0:
-                raise WorkerExit(code)
-            break
+    try:
+        for phase in range(ref.phases):
+            if (code := worker_main(comm, ref.task)) != 0:  # the master could not start this phase; it says why
+                if phase == 0:
+                    raise WorkerExit(code)
+                break
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)  # served to the end: a stop signal's deadline is void
     return None
+
+
+# Seconds a worker rank that received SIGTERM waits for the master's Stop before it leaves on its own.
+WORKER_STOP_GRACE = 20.0
+
+
+class NoStopCame(Exception):
+    """A worker rank received SIGTERM and rank 0 did not stop the run (not a RuntimeError, which the supervisor turns
+    into a failed task)."""
+
+
+def worker_stop_signals() -> None:
+    """SIGTERM to a worker rank. scancel and a scheduler's time limit send it to every task of the job at once, and
+    Hydra's mpiexec passes its own on to every rank (https://slurm.schedmd.com/scancel.html, KillWait in
+    https://slurm.schedmd.com/slurm.conf.html): rank 0 then stops the run cleanly, and this rank answers its Stop as
+    in any clean stop (leaving at once would keep rank 0 waiting for an answer that never comes). Should no Stop come
+    within WORKER_STOP_GRACE seconds (this rank alone was signalled), the rank fails as any worker rank that fails
+    unexpectedly: it tells rank 0, which gives its tasks up at once, and its `finally` clauses release its shared
+    memory and its trainer child."""
+    def leave(signum: int, frame: Any) -> None:
+        raise NoStopCame(f"SIGTERM, and no Stop from rank 0 within {WORKER_STOP_GRACE:g} s: this rank leaves")
+
+    def on_term(signum: int, frame: Any) -> None:
+        if signal.getitimer(signal.ITIMER_REAL)[0] == 0:
+            signal.signal(signal.SIGALRM, leave)
+            signal.setitimer(signal.ITIMER_REAL, WORKER_STOP_GRACE)
+
+    signal.signal(signal.SIGTERM, on_term)
 
 
 def _world(world: Callable[[], Any]) -> Any:
@@ -204,7 +242,7 @@ def start_ranks(name: str, opts: Any, workers: int, salvage: Callable[[Any, int]
                json.dumps(opts.to_dict()), str(result)]
         log.info("starting %d rank(s): %s", workers + 1, " ".join(cmd[:6]) + " ...")
         segments = shm_segments()
-        code, signalled = _run_job(cmd, Path(tmp) / "ready")
+        code, signalled = _run_job(cmd, Path(tmp) / "ready", master_watch(opts))
         outcome = json.loads(result.read_text()) if result.exists() else {}
     if code != 0 and (removed := remove_leftover_segments(segments)):
         log.info("removed %d shared-memory segment(s) the job's MPI left in /dev/shm", len(removed))
@@ -213,8 +251,8 @@ def start_ranks(name: str, opts: Any, workers: int, salvage: Callable[[Any, int]
     if "no_result" in outcome:
         raise NoResult(outcome["no_result"])
     if code not in (0, EXIT_LOST) or "result" not in outcome:
-        code = 128 + signal.SIGINT if signalled == "SIGINT" else code or 1
-        raise JobFailed(name, code, salvage(opts, code) if salvage else None)
+        code = 128 + signal.Signals[signalled] if signalled else code or 1  # ended at once by a second signal
+        raise JobFailed(name, code, salvage(opts, code) if salvage else None, stopped=signalled is not None)
     found = outcome["result"]
     for part in (found, (found or {}).get("evolution")):  # the ranks saw SIGUSR1; say what the user sent
         if signalled and isinstance(part, dict) and part.get("stopped_by"):
@@ -225,13 +263,15 @@ def start_ranks(name: str, opts: Any, workers: int, salvage: Callable[[Any, int]
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
 
-def _run_job(cmd: list[str], ready: Path) -> tuple[int, str | None]:
+def _run_job(cmd: list[str], ready: Path, watch: Any = None) -> tuple[int, str | None]:
     """Run the job's mpiexec in a session of its own and wait for it: (exit code, the stop signal received).
 
     A stop signal to this process (Ctrl-C, kill, a scheduler's warning) becomes one SIGUSR1 to mpiexec, which hands
-    it to every rank: the run stops cleanly and writes its summary. It is passed on once every rank catches it (the
-    master touches `ready` then; a rank still starting would die of it); a second signal ends the job at once. If
-    this process dies, mpiexec gets SIGTERM (PR_SET_PDEATHSIG) and ends the ranks: no job trains on unattended.
+    it to every rank: the run stops cleanly and writes its summary (rank 0 names the signal written to `stop`). It
+    is passed on once every rank catches it (the master touches `ready` then; a rank still starting would die of
+    it); a second signal ends the job at once (SIGKILL). If this process dies, mpiexec gets SIGTERM
+    (PR_SET_PDEATHSIG), which it passes on to every rank: the run stops cleanly, no job trains on unattended.
+    If rank 0 stops touching its heartbeat file (`watch`), the job is ended with EXIT_LOST (end_if_master_silent).
     """
     from galapagos.launch.trainer import die_with_parent
     from galapagos.reports.progress import PROGRESS_FILE, ProgressBar
@@ -241,7 +281,8 @@ def _run_job(cmd: list[str], ready: Path) -> tuple[int, str | None]:
         previous = {s: signal.signal(s, lambda signum, frame: got.append(signum)) for s in STOP_SIGNALS}
     except ValueError:  # not the main thread: signals stay with whoever owns them
         previous = {}
-    env = {**os.environ, "GALAPAGOS_READY_FILE": str(ready)}
+    stop = ready.with_name("stop")  # the name of the signal passed on as SIGUSR1
+    env = {**os.environ, "GALAPAGOS_READY_FILE": str(ready), "GALAPAGOS_STOP_FILE": str(stop)}
     # On a terminal this process draws the progress bar from rank 0's snapshots, the ranks' output above it.
     bar = ProgressBar(ready.with_name("progress.json")) if sys.stderr.isatty() else None
     if bar:
@@ -259,26 +300,55 @@ def _run_job(cmd: list[str], ready: Path) -> tuple[int, str | None]:
             relay = threading.Thread(target=lambda: [bar.write(text) for text in proc.stdout], daemon=True)
             relay.start()
         passed = 0  # signals received when SIGUSR1 went on
+        silent = False  # rank 0 stopped touching its heartbeat file: the job was ended
         while proc.poll() is None:
             if bar:
                 bar.refresh()
             if got and not passed and ready.exists():
                 log.warning("%s: stopping the run cleanly (again to end it at once)", signal.Signals(got[0]).name)
+                stop.write_text(signal.Signals(got[0]).name)  # what rank 0 logs and records (launch.runtime)
                 proc.send_signal(signal.SIGUSR1)
                 passed = len(got)
             elif len(got) > max(passed, 1):
                 log.warning("%s again: ending the job now", signal.Signals(got[-1]).name)
-                proc.send_signal(signal.SIGTERM)
+                # SIGKILL: Hydra's proxies then SIGKILL every rank at once (a SIGTERM is passed on to the ranks,
+                # whose clean stop the user no longer wants to wait for); the trainers die with their ranks.
+                proc.kill()
                 passed = len(got)
+            silent = silent or end_if_master_silent(proc, watch)
             time.sleep(0.1)
         if bar:
             relay.join(timeout=10)
-        return proc.returncode, signal.Signals(got[0]).name if got else None
+        return EXIT_LOST if silent else proc.returncode, signal.Signals(got[0]).name if got else None
     finally:
         if bar:
             bar.close()
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def master_watch(opts: Any) -> Any:
+    """The watch on rank 0's heartbeat file of a job with a run directory (launch/heartbeat.py), made before the job
+    starts: a file an earlier job left counts only once this job writes it."""
+    from galapagos.launch.heartbeat import MasterWatch
+    from galapagos.store.rundir import JournalDir
+
+    out = getattr(opts, "out", None)
+    return MasterWatch(JournalDir(out).master_heartbeat) if out else None
+
+
+def end_if_master_silent(proc: subprocess.Popen, watch: Any) -> bool:
+    """Rank 0 has not touched its heartbeat file for its timeout (stopped, hung, or its node frozen): say so in one
+    line and end the job. mpiexec is killed; Hydra's proxies then kill every rank with SIGKILL, which ends a stopped
+    one too (SIGTERM would wait for it to be continued). Rank 0's end is awaited: it frees the run's lock for the
+    summary written from the journal (Flow.salvage). True once the job was ended."""
+    if watch is None or (silent := watch.check()) is None:
+        return False
+    log.error("%s", watch.describe(silent))
+    proc.kill()
+    proc.wait()
+    watch.wait_gone(30.0)
+    return True
 
 
 def user_errors() -> tuple[type[Exception], ...]:

@@ -20,7 +20,7 @@ from galapagos.datashare.plan import Plan
 from galapagos.datashare.share import DataShareError
 from galapagos.errors import UsageError
 from galapagos.flows.mpijob import end_when_done, user_errors
-from galapagos.launch.protocol import Setup, SetupFailed
+from galapagos.launch.protocol import Liveness, Setup, SetupFailed
 from galapagos.launch.runtime import MasterState, TaskSource, master_serve, stop_signal
 from galapagos.launch.session import master_start
 
@@ -35,6 +35,8 @@ class MasterSession:
         self._job = ExitStack()  # until the session ends: e.g. the run directory's lock
         self._phase = ExitStack()  # until the phase's serving ends: the shared data, the engine, the journal
         self.set_up = False  # the workers of this phase got their setup (or were told to leave)
+        self._undo: list[Callable[[], Any]] = []  # what a refused start takes back (see on_refusal)
+        self.liveness = Liveness()  # the heartbeat settings of this phase's setup, which serving follows too
 
     def __enter__(self) -> MasterSession:
         return self
@@ -49,6 +51,15 @@ class MasterSession:
         """Call `release` when the session ends."""
         self._job.callback(release)
 
+    def on_refusal(self, undo: Callable[[], Any]) -> None:
+        """Call `undo` if this phase's start is refused (bad input found in `starting`, or as the data is shared),
+        before what the session holds is released: e.g. a refused run leaves its directory as it found it."""
+        self._undo.append(undo)
+
+    def _refused(self) -> None:
+        while self._undo:
+            self._undo.pop()()
+
     def while_serving(self, close: Callable[[], Any]) -> None:
         """Call `close` when this phase's serving ends (or its start fails)."""
         self._phase.callback(close)
@@ -61,6 +72,7 @@ class MasterSession:
             yield
         except (*user_errors(), ValueError, OSError) as exc:
             self.fail(str(exc))
+            self._refused()
             raise UsageError(str(exc)) from None
 
     def fail(self, reason: str) -> None:
@@ -71,12 +83,14 @@ class MasterSession:
 
     def start(self, setup: Setup, plan: Plan | dict | None = None, memory: dict | None = None) -> None:
         """Send every worker its setup and share the data into one copy per node."""
-        self.set_up = True
+        self.set_up, self.liveness = True, setup.liveness
         try:
             shared = master_start(self.comm, setup, plan, memory)
         except DataShareError as exc:
             self._phase.close()
+            self._refused()
             raise UsageError(str(exc)) from None
+        self._undo.clear()  # the phase has begun
         if shared is not None:
             self.while_serving(shared.close)
 
@@ -84,7 +98,7 @@ class MasterSession:
         """Serve the source's tasks until it is done, the deadline passes or a stop signal comes; then release what
         the phase held. Worker ranks lost on the way end the job once rank 0 has written everything."""
         try:
-            state = master_serve(self.comm, source, stop=stop_signal, **options)
+            state = master_serve(self.comm, source, stop=stop_signal, liveness=self.liveness, **options)
         finally:
             self.set_up = False  # the workers wait for the next phase's setup, if the job has one
             self._phase.close()

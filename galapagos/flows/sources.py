@@ -40,6 +40,8 @@ class JournalSource:
         curve = self.curves.pop(r.id, [])
         if r.status == Status.CANCELLED:
             return None
+        if r.status == Status.DISK:  # the disk's fault, not the task's: nothing is journalled, and the run stops
+            raise self.journal.refused(r.error or "the disk refused a write", task=r.id)
         record = journal_record(r, curve, what)
         self.journal.append(record)
         if self.keep:

@@ -31,13 +31,47 @@ def data_fingerprint(info: DatasetInfo, path: str | Path) -> dict:
                      if isinstance(obj, h5py.Dataset) else None)
         attrs = {k: np.asarray(v).tolist() for k, v in f.attrs.items()}
     digest = hashlib.sha256(json.dumps([datasets, attrs, size], sort_keys=True, default=str).encode())
+    content = hashlib.sha256()
     with open(path, "rb") as f:
         for offset, length in sample_ranges(size):
             f.seek(offset)
-            digest.update(f.read(length))
+            piece = f.read(length)
+            digest.update(piece)
+            content.update(piece)
+    # What a changed file's message names: its datasets (shape, dtype), a hash of each root attribute, and the
+    # sampled bytes alone (the sha256 covers them all together).
     return {"path": str(path), "size": size, "task": info.task, "sample_shape": list(info.sample_shape),
             "x_dtype": info.x_dtype, "outputs": info.num_targets, "splits": dict(info.splits),
-            "sha256": digest.hexdigest()}
+            "sha256": digest.hexdigest(), "datasets": datasets,
+            "attributes": {k: _short_hash(v) for k, v in attrs.items()}, "sampled_sha256": content.hexdigest()}
+
+
+def _short_hash(value: object) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def what_changed(old: dict, new: dict) -> str:
+    """How a file of the same structure as a run's data differs from it, in words, from what both fingerprints
+    hold (one from before the datasets, attributes and sampled bytes were kept says less)."""
+    found = []
+    if old["size"] != new["size"]:
+        found.append(f"its size ({old['size']:,} bytes, now {new['size']:,})")
+    if "datasets" in old:
+        names = sorted(set(old["datasets"]) | set(new["datasets"]))
+        found += [f"dataset /{n} ({_shape(old['datasets'].get(n))}, now {_shape(new['datasets'].get(n))})"
+                  for n in names if old["datasets"].get(n) != new["datasets"].get(n)]
+        keys = sorted(set(old["attributes"]) | set(new["attributes"]))
+        found += [f"root attribute {k}" for k in keys if old["attributes"].get(k) != new["attributes"].get(k)]
+    if old.get("sampled_sha256", new["sampled_sha256"]) != new["sampled_sha256"]:
+        found.append("its values (other bytes in the sampled blocks)")
+    same = "" if old["size"] != new["size"] else f"the same size, {new['size']:,} bytes; "
+    if found:
+        return same + "what differs: " + ", ".join(found)
+    return same + "its data.json is too old to say what differs"
+
+
+def _shape(entry: list | None) -> str:
+    return "absent" if entry is None else f"shape {tuple(entry[0])}, dtype {entry[1]}"
 
 
 def sample_ranges(size: int) -> list[tuple[int, int]]:

@@ -9,18 +9,21 @@ An ensemble directory keeps its journal, config and logs the same way: both are 
 """
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
+import shlex
+import shutil
 import time
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
 from galapagos.datashare.format import DatasetInfo
 from galapagos.errors import RunDirError
 from galapagos.evolve.files import write_json
 from galapagos.evolve.netdir import NetworkDir
-from galapagos.store.fingerprint import STRUCTURE, data_fingerprint, describe_data
+from galapagos.store.fingerprint import STRUCTURE, data_fingerprint, describe_data, what_changed
 from galapagos.store.journal import JournalRecord
 from galapagos.store.runlock import RunLock
 
@@ -36,6 +39,7 @@ MODEL_OVERHEAD = 64 << 10  # bytes of a torch.save file beyond its tensors (arch
 log = logging.getLogger(__name__)
 
 JOURNAL = "results.jsonl"
+_BEGUN = frozenset({"<begun>"})  # RunDir._found of a job that began, or did not open the directory: kept whole
 
 
 class JournalDir:
@@ -48,6 +52,9 @@ class JournalDir:
         self.config = self.path / "config.toml"
         self.logs = self.path / "log"
         self.master_log = self.logs / "master.log"  # rank 0's log
+        # rank 0's heartbeat: touched while it serves, watched from outside the job (galapagos.launch.heartbeat)
+        self.master_heartbeat = self.logs / "master.alive"
+        self.lost_record = self.logs / "lost.json"  # the hosts of the ranks a job gave up (flows/recovery.py)
         self._out = None  # the journal, open for appending while the job goes
         self._synced = 0.0  # when it was last fsynced (time.monotonic)
         self._flushed = 0.0  # when its buffer was last written
@@ -55,6 +62,22 @@ class JournalDir:
     def crash_file(self, rank: int) -> Path:
         """Where the traceback of a rank that failed unexpectedly goes."""
         return self.logs / f"crash-rank{rank}.txt"
+
+    def record_lost(self, hosts: dict[int, str], nodes: Iterable[str] = ()) -> None:
+        """Rank 0, before it ends a job that lost worker ranks: their hosts (and the nodes given up whole), which the
+        job's supervisor probes before it starts the ranks again (galapagos/flows/recovery.py)."""
+        self.save(self.lost_record, {"time": time.time(), "ranks": {str(r): h for r, h in sorted(hosts.items())},
+                                     "nodes": sorted(nodes)})
+
+    def lost_hosts(self, since: float) -> list[str] | None:
+        """The hosts record_lost wrote at `since` or later, or None (no record, or an older job's)."""
+        try:
+            found = json.loads(self.lost_record.read_text())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(found, dict) or found.get("time", 0) < since:
+            return None
+        return sorted({*found.get("ranks", {}).values(), *found.get("nodes", [])} - {""}) or None
 
     def read_journal(self) -> list[JournalRecord]:
         """Every finished task so far; a torn last line (the job was killed mid-write) is cut off."""
@@ -72,19 +95,27 @@ class JournalDir:
                     record = json.loads(line)
                 except json.JSONDecodeError:
                     if f.read(1):  # not the last line: the journal was edited or corrupted
-                        raise RunDirError(f"{self.journal}:{number}: not a JSON line") from None
+                        raise self.damaged(number, "not a JSON line") from None
                     log.warning("%s:%d: dropping a torn last line (the run was killed while writing it)",
                                 self.journal, number)
                     break
                 try:
                     record = JournalRecord.from_dict(record)
                 except TypeError as exc:
-                    raise RunDirError(f"{self.journal}:{number}: not a journal record: {exc}") from None
+                    raise self.damaged(number, f"not a journal record: {exc}") from None
                 good += len(line)
                 yield record
         if good != self.journal.stat().st_size:
             with open(self.journal, "r+b") as f:
                 f.truncate(good)
+
+    def damaged(self, number: int, what: str) -> RunDirError:
+        """A line of the journal that cannot be read, with lines after it (an edit, or a crash of the file system):
+        where it is, and how to go on without the one task it held (the lines after it are read as they are)."""
+        where = shlex.quote(str(self.journal))
+        return RunDirError(f"{self.journal}:{number}: {what}; to go on without the task on that line, keep a copy "
+                           f"and remove the line (cp {where} {where}.bak && sed -i {number}d {where}), then run the "
+                           "command again (--resume trains another task in its place)")
 
     def append(self, record: JournalRecord) -> None:
         """One finished task, into the journal's buffer until flush()."""
@@ -132,10 +163,17 @@ class JournalDir:
     def write_error(self, path: Path, exc: OSError) -> RunDirError:
         """A write into the run that failed (a full or read-only disk): one line with the path and the room left;
         what the journal holds is kept, and `--resume` continues once there is room."""
+        return self.refused(f"{path}: {exc.strerror or exc}")
+
+    def refused(self, why: str, *, task: int | None = None) -> RunDirError:
+        """The disk refused a write into the run (`why`: "PATH: No space left on device"), here or in the trainer of
+        `task`, which is then recorded nowhere (not the candidate's failure) and trained again by --resume."""
         free = _free_bytes(self.path)
-        room = "" if free is None else f", {free / 2**20:.1f} MiB free"
-        return RunDirError(f"cannot write {path}: {exc.strerror or exc}{room}; the run stops here, everything in "
-                           f"{self.journal.name} is kept: continue with --resume once there is room")
+        room = "" if free is None else f", {free / 2**20:.1f} MiB free under {self.path}"
+        what = "" if task is None else f"the files of task {task} ("
+        nothing = "" if task is None else ", nothing is recorded against it"
+        return RunDirError(f"cannot write {what}{why}{')' if what else ''}{room}; the run stops here{nothing}; "
+                           f"everything in {self.journal.name} is kept: continue with --resume once there is room")
 
 
 class RunDir(JournalDir):
@@ -155,6 +193,8 @@ class RunDir(JournalDir):
         self.tensorboard = self.path / "tensorboard"  # [report] tensorboard's event files
         self.report = self.path / "report.json"  # a design's report
         self.ensemble = self.path / "ensemble"  # a design's ensemble directory
+        self._found: set[str] | None = _BEGUN  # what open() found in the directory (None: no directory yet)
+        self._lock = None  # this job's lock (hold)
 
     @classmethod
     def check(cls, path: str | Path, *, resume: bool) -> "RunDir":
@@ -170,8 +210,13 @@ class RunDir(JournalDir):
                 raise RunDirError(f"--resume: {run.path} holds no run to resume (no config.toml)")
         elif run.journal.exists() and run.journal.stat().st_size > 0:
             raise RunDirError(f"--out {run.path} already holds a run ({JOURNAL}); use --resume or a new --out")
+        where = run.path if run.path.exists() else run.path.parent
+        if not os.access(where, os.W_OK | os.X_OK):  # EROFS for root too (access(2))
+            readonly = _statvfs_flags(where) & os.ST_RDONLY
+            why = os.strerror(errno.EROFS if readonly else errno.EACCES)
+            raise RunDirError(f"--out {run.path}: cannot write in {where}: {why}; choose another --out")
         if run.lock_file.exists():
-            run.lock().release()
+            RunLock.take(run.lock_file, str(run.path), record=False).release()
         return run
 
     def lock(self) -> RunLock:
@@ -191,8 +236,8 @@ class RunDir(JournalDir):
             raise RunDirError(f"{was} ({describe_data(old)}); {new['path']} has {describe_data(new)} "
                               f"(what differs: {', '.join(differ)})")
         if old.get("sha256") != new["sha256"]:
-            raise RunDirError(f"{was}; {new['path']} has the same structure but the file's contents differ (size "
-                              f"{old['size']:,} vs {new['size']:,} bytes)")
+            raise RunDirError(f"{was}; {new['path']} has the same structure but the file's contents differ "
+                              f"({what_changed(old, new)})")
         return new
 
     def record_data(self, fingerprint: dict, *, resume: bool) -> None:
@@ -213,11 +258,47 @@ class RunDir(JournalDir):
 
     @classmethod
     def open(cls, path: str | Path, *, resume: bool) -> "RunDir":
-        """A new run directory, or (resume) the existing one; refuses to mix two runs in one directory."""
+        """A new run directory, or (resume) the existing one; refuses to mix two runs in one directory. What it
+        holds already is noted, for `discard`."""
         run = cls.check(path, resume=resume)
+        run._found = set(os.listdir(run.path)) if run.path.is_dir() else None
         for d in (run.path, run.models, run.logs):
             d.mkdir(parents=True, exist_ok=True)
         return run
+
+    def hold(self) -> Callable[[], None]:
+        """This job's lock on the run directory (see RunLock); returns what gives it back."""
+        self._lock = self.lock()
+        return self._lock.release
+
+    def begin(self, config: str, data: dict, *, resume: bool) -> None:
+        """The job has started (its workers set up, the data shared): the resolved config and the data's
+        fingerprint are written, and what the job writes from now on is the run's."""
+        self.record_data(data, resume=resume)
+        try:
+            self.config.write_text(config)
+        except OSError as exc:
+            raise self.write_error(self.config, exc) from None
+        self._found = _BEGUN
+
+    def discard(self) -> None:
+        """A job refused before it began (`begin`): remove what it added to the directory (its lock, log/, models/,
+        the directory itself if it made it), so that a refused new run leaves --out as it found it and a refused
+        --resume leaves the run as it was. Nothing is removed unless this job holds the lock: another live job's
+        files stay."""
+        found = self._found
+        if found is _BEGUN or self._lock is None:
+            return
+        self.close()
+        if found is None:
+            shutil.rmtree(self.path, ignore_errors=True)
+            return
+        for name in set(os.listdir(self.path)) - found:
+            entry = self.path / name
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
 
     def model_path(self, eval_id: int) -> str:
         """Where an evaluation's weights go: a string, made for every task at whole-machine scale (a Path's parsing
@@ -288,9 +369,22 @@ class RunDir(JournalDir):
 
 
 def _free_bytes(path: Path) -> int | None:
-    """Bytes this user may still write under `path` (None when the file system cannot say)."""
+    """Bytes this user may still write under `path`, or where it would be made (None when the file system cannot
+    say)."""
     try:
-        st = os.statvfs(path)
+        st = os.statvfs(_existing(path))
     except OSError:
         return None
     return st.f_bavail * st.f_frsize
+
+
+def _statvfs_flags(path: Path) -> int:
+    try:
+        return os.statvfs(path).f_flag
+    except OSError:
+        return 0
+
+
+def _existing(path: Path) -> Path:
+    """`path`, or its nearest parent that exists."""
+    return next((p for p in (path, *path.parents) if p.exists()), path)

@@ -34,8 +34,9 @@ class RunLock:
         self.path, self.fd, self.flocked = path, fd, flocked
 
     @classmethod
-    def take(cls, path: Path, name: str) -> "RunLock":
-        """Hold the lock at `path` for this process, or raise RunDirError naming the live run on `name`."""
+    def take(cls, path: Path, name: str, *, record: bool = True) -> "RunLock":
+        """Hold the lock at `path` for this process, or raise RunDirError naming the live run on `name`. `record`:
+        write this process in the file as its holder (False for a check that gives the lock back at once)."""
         try:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
         except OSError as exc:
@@ -52,8 +53,9 @@ class RunLock:
             log.warning("%s: this file system does not support flock (%s); locking by creating the file instead, "
                         "and a lock left by a dead process on this host is replaced", path, exc.strerror)
             return cls.create(path, name)
-        os.ftruncate(fd, 0)
-        os.write(fd, holder_line())
+        if record:
+            os.ftruncate(fd, 0)
+            os.write(fd, holder_line())
         return cls(path, fd, True)
 
     @classmethod

@@ -9,8 +9,11 @@ import textwrap
 from pathlib import Path
 
 from galapagos.launch.scripts.request import JobRequest, JobScriptError
+
 from galapagos.launch.scripts.schedulers import SCHEDULERS
 from galapagos.launch.scripts.stage import environment, stage_cleanup, stage_dir, stage_lines, staged_python
+
+MAX_RESTARTS = 3  # restarts a job script's supervisor allows (galapagos/flows/recovery.py MAX_RESTARTS)
 
 STOP_TEXT = ("Clean stop ahead of the wall time: {how}. The trap notes the request; once every rank catches the "
              "signal (the master touches $GALAPAGOS_READY_FILE after all ranks started: a rank still starting would "
@@ -36,12 +39,41 @@ WATCHDOG = """\
 watchdog_pid=$!
 """
 
+RANKS_FILE = """\
+#!/bin/bash
+# How the ranks of {script} start, run by `galapagos supervise` (that script's run line):
+# `bash {name} launch NODE_FILE WORD...` starts them on the nodes NODE_FILE lists, rank 0 on the first, each running
+# WORD... (the job's command); `bash {name} probe NODE` runs one task on NODE through the launcher (exit 0: the node
+# answers). galapagos/flows/recovery.py calls it again, with --resume, on the nodes that answer after a failure.
+set -eo pipefail
+job_dir={job_dir}
+if [ "${{1:-}}" = probe ] && [ $# = 2 ]; then
+    node=$2
+    {probe}
+    exit
+fi
+if [ "${{1:-}}" != launch ] || [ $# -lt 3 ]; then
+    echo "usage: $0 launch NODE_FILE WORD... | probe NODE" >&2
+    exit 2
+fi
+node_file=$2
+shift 2
+nodes=$(wc -l <"$node_file")
+command=("$@")
+"""
+
+RECOVERY_TEXT = ("Recovery inside the allocation: `galapagos supervise` starts the ranks through {name} (beside this "
+                 "script) on the nodes in $node_file; when the job loses a rank or a node it probes the nodes (one "
+                 "task each through the launcher), leaves out those that do not answer and starts the ranks again "
+                 "with --resume on the others, rank 0 on the first, at most {restarts} times (then, or below "
+                 "{min_nodes} node(s), it ends with the summary and exit code 3). SIGUSR1 to it reaches the ranks.")
+
 RUN_BLOCK = """\
 if [ "$stop_requested" = 1 ]; then
     echo "galapagos job: stopped before the run started" >&2
     exit 0
 fi
-{launch} &
+{supervise} &
 launcher_pid=$!
 passed=0
 while kill -0 "$launcher_pid" 2>/dev/null; do
@@ -108,14 +140,21 @@ def render(req: JobRequest) -> tuple[str, dict[str, str]]:
     lines += _preflight(req)
     lines += ["", "# -- the run: the command whose resolved config and run directory are pinned here",
               *([stage_dir(req.scheduler, req.stage)] if req.stage else []), f"command=({_command(req)})", ""]
-    if place:
-        lines += ["# -- where the ranks go", *place, ""]
+    ranks = f"{req.stem}-ranks.sh"
+    per_start = [x for x in place if (x.startswith("export ") or any(w in x for w in ("$node_file", "$nodes")))
+                 and not x.startswith("#")]  # what depends on the nodes that answer, and the launcher's variables
+    extra[ranks] = _ranks_file(req, ranks, per_start, launch, sched.probe(req))
+    lines += ["# -- where the ranks go", *[x for x in place if x not in per_start],
+              *_comment_wrapped(RECOVERY_TEXT.format(name=ranks, restarts=MAX_RESTARTS, min_nodes=1)),
+              'node_file="$job_dir/nodes-$$"', *sched.nodes(req), ""]
+    supervise = (f'{_program(req)} supervise --nodes "$node_file" --ranks "$job_dir/{ranks}" '
+                 f'--max-restarts {MAX_RESTARTS} --min-nodes 1 -- "${{command[@]}}"')
     cleanup = 'kill "$watchdog_pid" 2>/dev/null || true\n' if watchdog else ""
     if req.stage:
         lines += [*stage_lines(req.scheduler, lay.nodes, req.stage_env or req.job_dir / "env.tar",
                                Path(req.stage_data) if req.stage_data else None), ""]
         cleanup += stage_cleanup(req.scheduler, lay.nodes) + "\n"
-    lines += RUN_BLOCK.format(launch=launch, cleanup=cleanup).splitlines()
+    lines += RUN_BLOCK.format(supervise=supervise, cleanup=cleanup).splitlines()
     return "\n".join(lines) + "\n", extra
 
 
@@ -150,8 +189,24 @@ def _preflight(req: JobRequest) -> list[str]:
             f"{shlex.join(words)} || exit 2"]
 
 
+def _ranks_file(req: JobRequest, name: str, place: list[str], launch: str, probe: str) -> str:
+    """The file `galapagos supervise` starts the ranks with on a set of nodes, and probes one node with: the
+    scheduler's placement and launch line (schedulers.py), given the nodes in "$node_file" and their count."""
+    head = RANKS_FILE.format(script=req.script.name if req.script else "the job script", name=name,
+                             job_dir=shlex.quote(str(req.job_dir)), probe=probe)
+    return head + "".join(f"{line}\n" for line in place) + f"exec {launch}\n"
+
+
 def _comment_wrapped(text: str) -> list[str]:
     return ["# " + line for line in textwrap.wrap(text, 112)]
+
+
+def _program(req: JobRequest) -> str:
+    """How the script starts galapagos: the program's words, quoted, or the staged interpreter (which names $stage,
+    expanded by the job's shell)."""
+    if not req.stage:
+        return " ".join(shlex.quote(a) for a in shlex.split(req.program))
+    return " ".join([staged_python(environment()), "-m", "galapagos.cli"])
 
 
 def _command(req: JobRequest) -> str:

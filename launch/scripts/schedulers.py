@@ -37,6 +37,11 @@ class Scheduler:
     dependency: Callable[[str], str] | None = None
     signal_how: Callable[[JobRequest], str] | None = None  # the scheduler warns natively (else: watchdog)
     active: tuple[str, ...] = ()  # command that answers for a job id (appended) while it is queued or running
+    # shell lines that write the allocation's nodes, one a line, to "$node_file" (rank 0 goes on the first); the
+    # default, the batch node alone, restarts the ranks on the whole allocation (galapagos/flows/recovery.py)
+    nodes: Callable[[JobRequest], list[str]] = lambda r: ['hostname >"$node_file"']
+    # shell text that runs one task on node "$node" through the launcher (recovery's probe); exit 0: it answers
+    probe: Callable[[JobRequest], str] = lambda r: "true"
     still_active: Callable[[str], bool] = lambda out: bool(out.strip())  # what that command printed means active
     stdin: bool = False
 
@@ -50,6 +55,12 @@ def _slurm_directives(req: JobRequest) -> list[str]:
     lay = req.layout
     return [f"--job-name={req.job_name}", f"--nodes={lay.nodes}", f"--ntasks={lay.ranks}",
             "--overcommit", "--exclusive",
+            # sbatch(1) --no-kill: a node's failure does not revoke the allocation, so new steps may run on the
+            # nodes that remain (the step on the dead node still ends: SLURM_NO_KILL is not set). The batch script
+            # itself runs on the first node: if that node dies the script dies with it, and Slurm ends the job
+            # (NODE_FAIL), requeued where JobRequeue=1 or --requeue allows (slurm.conf(5) JobRequeue); a requeued
+            # script resumes the run (galapagos supervise adds --resume when the run directory holds a run).
+            *([] if lay.nodes == 1 else ["--no-kill"]),
             *([f"--gpus-per-node={lay.gpus_per_node}"] if lay.gpus_per_node else []),
             # --signal=B:USR1@lead signals the batch shell only (sbatch: SBATCH_DOC)
             *([f"--time={_slurm_time(req.walltime)}", f"--signal=B:USR1@{req.stop_before}"] if req.walltime else []),
@@ -83,19 +94,28 @@ def _slurm_launch(req: JobRequest, extra: dict) -> tuple[list[str], str]:
         return [f"# One node: rank 0 and its {lay.per_node} workers all on it.", *bind], (
             f"srun --ntasks={lay.ranks} --overcommit --kill-on-bad-exit=1{mpi} --cpu-bind=none{gpu}{_extra(req)} "
             "\"${command[@]}\"")
-    place = [(f"# An explicit host list: the first node twice over for rank 0 and its workers, then {lay.per_node} "
-              "per node."), *bind,
+    place = [(f"# An explicit host list from the nodes that answer: the first node twice over for rank 0 and its "
+              f"workers, then {lay.per_node} per node."), *bind,
              "# The host list gives the nodes: srun takes no --nodes with --distribution=arbitrary (Slurm 23.11 and",
              "# later refuse it).",
+             "# SLURM_OVERLAP (srun --overlap): a step after a lost node may share the CPUs of the one before, which",
+             "# stays COMPLETING until Slurm has given up the dead node (else: \"Requested nodes are busy\").",
+             "export SLURM_OVERLAP=1",
              'export SLURM_HOSTFILE="$job_dir/hosts-$SLURM_JOB_ID"',
-             (f'scontrol show hostnames "$SLURM_JOB_NODELIST" | awk -v per={lay.per_node} '
-              "'NR == 1 {print} {for (i = 0; i < per; i++) print}' >\"$SLURM_HOSTFILE\"")]
+             (f"awk -v per={lay.per_node} 'NR == 1 {{print}} {{for (i = 0; i < per; i++) print}}' \"$node_file\" "
+              '>"$SLURM_HOSTFILE"')]
+    ranks = f"$((nodes * {lay.per_node} + 1))"
     if req.launcher == "mpiexec":  # Hydra starts its proxies through Slurm and places ranks by the host list
-        return place, f'{shlex.quote(_mpiexec())} -n {lay.ranks} -f "$SLURM_HOSTFILE"{_extra(req)} "${{command[@]}}"'
+        return place, f'{shlex.quote(_mpiexec())} -n {ranks} -f "$SLURM_HOSTFILE"{_extra(req)} "${{command[@]}}"'
     # SRUN_DOC: "-N, --nodes ... NOTE: This option cannot be used in with arbitrary distribution"; --distribution=
     # arbitrary lays the tasks out in the order of SLURM_HOSTFILE; --mpi=<type> picks the PMI srun serves
-    return place, (f"srun --ntasks={lay.ranks} --distribution=arbitrary --overcommit --kill-on-bad-exit=1{mpi} "
+    return place, (f"srun --ntasks={ranks} --distribution=arbitrary --overcommit --kill-on-bad-exit=1{mpi} "
                    f"--cpu-bind=none{gpu}{_extra(req)} \"${{command[@]}}\"")
+
+
+# SRUN_DOC: -w/--nodelist, -N, -n; one task on the node, as a step of the job's allocation (--overlap: beside the
+# failed step, still COMPLETING)
+SLURM_PROBE = 'srun --overlap --nodes=1 --ntasks=1 --nodelist="$node" true'
 
 
 # -- LSF with jsrun (Summit) -----------------------------------------------------------------------------------------
@@ -235,15 +255,17 @@ def _pbs_launch(req: JobRequest, extra: dict) -> tuple[list[str], str]:
     lay = req.layout
     place = ["# HPE Cray PALS mpiexec, not another MPI's: a Hydra mpiexec refuses these options, and PALS starts the",
              "# ranks of a wheel MPICH as singletons.", *PALS_CHECK.splitlines(),
-             "# Two MPMD commands over the job's nodes in $PBS_NODEFILE order (PALS reads it; no host list given):",
+             "# Two MPMD commands over the nodes that answer, in $PBS_NODEFILE order (PALS fills them in that order):",
              f"# rank 0 and the first node's {lay.per_node} workers on the first node, then {lay.per_node} workers on "
              "each other node.",
              "# --cpu-bind none leaves the cores to the runtime."]
-    first = f"-n {lay.per_node + 1} --ppn {lay.per_node + 1} \"${{command[@]}}\""
+    # --hostfile: the nodes that answer, one a line (ALCF_JOBS_DOC runs mpiexec on a share of $PBS_NODEFILE so)
+    first = f'--hostfile "$node_file" -n {lay.per_node + 1} --ppn {lay.per_node + 1} "${{command[@]}}"'
     if lay.nodes == 1:
         return place, f"mpiexec --cpu-bind none{_extra(req)} {first}"
-    return place, (f"mpiexec --cpu-bind none{_extra(req)} {first} : -n {lay.workers - lay.per_node} "
-                   f"--ppn {lay.per_node} --cpu-bind none \"${{command[@]}}\"")
+    one = f'[ "$nodes" -gt 1 ] || exec mpiexec --cpu-bind none{_extra(req)} {first}'
+    return [*place, one], (f"mpiexec --cpu-bind none{_extra(req)} {first} : -n $(((nodes - 1) * {lay.per_node})) "
+                           f"--ppn {lay.per_node} --cpu-bind none \"${{command[@]}}\"")
 
 
 def _alps_launch(req: JobRequest, extra: dict) -> tuple[list[str], str]:
@@ -272,8 +294,11 @@ def _flux_launch(req: JobRequest, extra: dict) -> tuple[list[str], str]:
     place = [(f"# {lay.ranks} tasks on {lay.nodes} node(s) as evenly as possible, the one extra on the first node "
               "(block order):"),
              "# rank 0 and the first node's workers there. Affinity off: the runtime binds GPUs and cores."]
-    return place, (f"flux run -N {lay.nodes} -n {lay.ranks} -o cpu-affinity=off -o gpu-affinity=off"
-                   f"{_extra(req)} \"${{command[@]}}\"")
+    # --requires=host:LIST, the nodes that answer (RFC 31 constraints; https://flux-framework.readthedocs.io/
+    # projects/flux-core/en/latest/man1/flux-run.html); nothing when every node of the allocation is there
+    hosts = '$([ "$nodes" = ' + str(lay.nodes) + ' ] || echo --requires=host:"$(paste -sd, "$node_file")")'
+    return place, (f"flux run -N $nodes -n $((nodes * {lay.per_node} + 1)) {hosts} -o cpu-affinity=off "
+                   f"-o gpu-affinity=off{_extra(req)} \"${{command[@]}}\"")
 
 
 def _mpiexec() -> str:
@@ -297,7 +322,8 @@ SCHEDULERS: dict[str, Scheduler] = {
         dependency=lambda job: f"--dependency=afterany:{job}",
         signal_how=lambda r: f"Slurm sends SIGUSR1 to this script {r.stop_before} s before the wall time "
                              "(--signal=B:USR1@...; up to a minute earlier)",
-        active=("squeue", "--noheader", "--jobs")),
+        active=("squeue", "--noheader", "--jobs"),
+        nodes=lambda r: ['scontrol show hostnames "$SLURM_JOB_NODELIST" >"$node_file"'], probe=lambda r: SLURM_PROBE),
     "lsf": Scheduler(
         "lsf", "#BSUB", ("bsub",), r"Job <(\d+)>", _lsf_directives, _lsf_launch, stdin=True,
         dependency=lambda job: f"-w 'ended({job})'",
@@ -312,7 +338,10 @@ SCHEDULERS: dict[str, Scheduler] = {
         "pbs", "#PBS", ("qsub",), r"^(\S+)",
         lambda r: [*_pbs_directives(r, f"-l select={r.layout.nodes}" + (f":{r.constraint}" if r.constraint
                                                                          else "")), "-l place=scatter:excl"],
-        _pbs_launch, dependency=lambda job: f"-W depend=afterany:{job}", active=("qstat",)),
+        _pbs_launch, dependency=lambda job: f"-W depend=afterany:{job}", active=("qstat",),
+        # $PBS_NODEFILE: one line per node with place=scatter:excl, once each, in order
+        nodes=lambda r: ["awk '!seen[$0]++' \"$PBS_NODEFILE\" >\"$node_file\""],
+        probe=lambda r: 'echo "$node" >"$job_dir/probe-$node" && mpiexec --hostfile "$job_dir/probe-$node" -n 1 true'),
     # FLUX_JOBS_DOC: job ids on the command line list only those jobs ("Filtering options ignored with jobid
     # list", so --filter cannot say whether a listed job is still active); {state} is DEPEND, PRIORITY, SCHED,
     # RUN, CLEANUP or INACTIVE, and an unknown id exits 1. -n is --no-header (--suppress-header before flux 0.47)
@@ -320,7 +349,10 @@ SCHEDULERS: dict[str, Scheduler] = {
         "flux", "# flux:", ("flux", "batch"), r"^(\S+)", _flux_directives, _flux_launch,
         dependency=lambda job: f"--dependency=afterany:{job}",
         active=("flux", "jobs", "-n", "--format={state}"),
-        still_active=lambda out: bool(out.split()) and out.split()[0] != "INACTIVE"),
+        still_active=lambda out: bool(out.split()) and out.split()[0] != "INACTIVE",
+        # flux-hostlist(1): `instance`, the hosts of this job's instance, expanded one a line
+        nodes=lambda r: ["flux hostlist --expand --delimiter='\\n' instance >\"$node_file\""],
+        probe=lambda r: 'flux run -N 1 -n 1 --requires=host:"$node" true'),
     "local": Scheduler(
         "local", "# local:", ("bash",), r"^(\d+)", lambda r: [f"{r.layout.ranks} MPI ranks on this machine"],
         _local_launch, dependency=lambda job: f"after process {job}"),

@@ -14,7 +14,7 @@ from pathlib import Path
 from galapagos.launch.scripts.request import OPTION_KEYS, JobScriptError, parse_walltime
 
 SITE_KEYS = (*OPTION_KEYS, "directives", "env", "machine", "queues", "description", "mpi", "storage", "retired")
-MACHINE_KEYS = ("max_nodes", "gpus_per_node", "cpus_per_node")
+MACHINE_KEYS = ("max_nodes", "gpus_per_node", "cpus_per_node", "node_mtbf_hours")
 QUEUE_KEYS = ("min_nodes", "max_nodes", "min_walltime", "max_walltime", "bins", "description", "chain", "qos")
 BIN_KEYS = ("min_nodes", "max_nodes", "max_walltime")
 STORAGE_KEYS = ("local", "directive", "doc")
@@ -75,6 +75,9 @@ def load_site(path: str | Path) -> dict:
     if isinstance(site.get("mpi"), str):  # the launch option `mpi` (srun --mpi=TYPE) of older profiles
         site["mpi"] = {"srun": site["mpi"]}
     _known(p, "machine.", site.get("machine", {}), MACHINE_KEYS)
+    mtbf = site.get("machine", {}).get("node_mtbf_hours")  # hours between failures of one node (launch's estimate)
+    if mtbf is not None and (isinstance(mtbf, bool) or not isinstance(mtbf, (int, float)) or mtbf <= 0):
+        raise JobScriptError(f"--site {p}: machine.node_mtbf_hours {mtbf!r}: must be a number of hours above zero")
     directives = site.get("directives", [])
     if not isinstance(directives, list) or not all(isinstance(d, str) for d in directives):
         raise JobScriptError(f"--site {p}: directives must be a list of strings")
