@@ -13,7 +13,7 @@ is not special: a restart puts rank 0 on the first node that remains.
 
 Two callers share `supervise`: a job script's one Galapagos command (`galapagos supervise`, run by every script
 `galapagos launch` writes, with the scheduler's own way of starting ranks on a set of nodes and probing one node,
-from launch/scripts/schedulers.py), and `galapagos evolve --workers W` started from a shell, which restarts its
+as launch/scripts/schedulers.py writes it), and `galapagos evolve --workers W` started from a shell, which restarts its
 mpiexec on this one machine (`restart_locally`).
 """
 from __future__ import annotations
