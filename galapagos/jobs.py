@@ -24,7 +24,7 @@ JOB_COMMANDS = ("evolve", "ensemble", "design")
 PATH_OPTIONS = ("--data", "--out", "--config", "--from")
 
 
-def _parse_command(tokens: list[str]):
+def parse_command(tokens: list[str]):
     """argparse's verdict on a galapagos command, as a UsageError instead of an exit."""
     err = io.StringIO()
     try:
@@ -59,7 +59,7 @@ def resolve_command(tokens: list[str], cwd: Path) -> tuple[tuple[str, ...], Path
         else:
             resolved.append(tokens[i])
         i += 1
-    _parse_command(resolved)
+    parse_command(resolved)
     paths = _path_values(resolved)
     if "--out" not in paths:
         raise UsageError(f"the command after -- has no --out: galapagos {resolved[0]} needs a run directory")
@@ -83,7 +83,7 @@ def _path_values(tokens: list[str] | tuple[str, ...]) -> dict[str, str]:
     return values
 
 
-def _without_option(tokens: tuple[str, ...], option: str) -> list[str]:
+def without_option(tokens: tuple[str, ...], option: str) -> list[str]:
     out, skip = [], False
     for t in tokens:
         if skip:
@@ -101,7 +101,7 @@ def pin_config(command: tuple[str, ...], out: Path, job_dir: Path) -> tuple[str,
     from galapagos.options import EvolveOptions
     from galapagos.store.rundir import RunDir
 
-    args = _parse_command(list(command))
+    args = parse_command(list(command))
     if args.command != "evolve" or args.resume:
         return command
     config = evolve_config(EvolveOptions.from_args(args))  # bad keys and values fail here, before anything is written
@@ -109,16 +109,16 @@ def pin_config(command: tuple[str, ...], out: Path, job_dir: Path) -> tuple[str,
     job_dir.mkdir(parents=True, exist_ok=True)
     pinned = job_dir / PINNED_CONFIG
     pinned.write_text(config.dumps())
-    return (*_without_option(command, "--config"), "--config", str(pinned))
+    return (*without_option(command, "--config"), "--config", str(pinned))
 
 
 def resume_command(command: tuple[str, ...]) -> tuple[str, ...]:
     """The follow-up of a job: the same command continuing its run (--resume, the run's own config)."""
-    tokens = _without_option(command, "--config")
+    tokens = without_option(command, "--config")
     if "--resume" not in tokens:
         tokens.append("--resume")
     try:
-        _parse_command(tokens)
+        parse_command(tokens)
     except UsageError as exc:
         raise UsageError(f"galapagos {tokens[0]} cannot be resumed: {exc}") from None
     return tuple(tokens)

@@ -10,8 +10,6 @@ mpiexec (`hydra_ranks`). The script's stop relay keeps working: a SIGUSR1 to thi
 """
 from __future__ import annotations
 
-import contextlib
-import io
 import os
 import signal
 from collections.abc import Callable, Sequence
@@ -116,39 +114,19 @@ def run_lost_hosts(run: Any) -> Callable[[float], list[str] | None]:
 
 
 def resume_words(command: list[str]) -> list[str] | None:
-    """The job command that continues its run: --resume, the run's own config (no --config or --seed-from, which
-    the run applied when it began); None for a command that cannot resume (design)."""
-    words, skip = [], False
-    for word in command:
-        if skip:
-            skip = False
-        elif word in ("--config", "--seed-from"):
-            skip = True
-        elif not word.startswith(("--config=", "--seed-from=")):
-            words.append(word)
-    words += [] if "--resume" in words else ["--resume"]
-    return words if _parses(words) else None
-
-
-def _parses(words: list[str]) -> bool:
-    from galapagos.parser import build_parser
+    """The job command that continues its run (jobs.resume_command: --resume, the run's own config), without
+    --seed-from, which the run applied when it began; None for a command that cannot resume (design)."""
+    from galapagos.jobs import resume_command, without_option
 
     try:
-        with contextlib.redirect_stderr(io.StringIO()):
-            build_parser().parse_args(words)
-    except SystemExit:
-        return False
-    return True
+        return list(resume_command(tuple(without_option(tuple(command), "--seed-from"))))
+    except UsageError:
+        return None
 
 
 def _options(command: list[str]) -> Any:
+    from galapagos.jobs import parse_command
     from galapagos.options import EnsembleOptions, EvolveOptions
-    from galapagos.parser import build_parser
 
-    try:
-        with contextlib.redirect_stderr(err := io.StringIO()):
-            args = build_parser().parse_args(command)
-    except SystemExit:
-        why = err.getvalue().strip().splitlines()
-        raise UsageError(f"supervise: the command after --: {why[-1] if why else 'not a galapagos job'}") from None
+    args = parse_command(command)
     return (EnsembleOptions if args.command == "ensemble" else EvolveOptions).from_args(args)
