@@ -39,7 +39,8 @@ from bench.master_cost import timed_source
 from galapagos.config import load_config
 from galapagos.evolve.ahead import START_WAIT, Ahead
 from galapagos.evolve.problem import Problem
-from galapagos.launch.protocol import Alive, Cancel, Liveness, Progress, Ready, Result, Status, Stop, Stopped, Task
+from galapagos.launch.protocol import (Alive, Cancel, Liveness, Progress, RankFailed, Ready, Result, Status, Stop,
+                                       Stopped, Task)
 
 EPOCHS = 6
 HEARTBEAT = Liveness().interval  # run.heartbeat's default: seconds of silence after which a worker sends Alive
@@ -126,19 +127,39 @@ class SimComm:
 
     rank = 0
 
-    def __init__(self, workers: int, clock: Clock, median: float, sigma: float, seed: int) -> None:
-        self.size, self.clock, self.rng = workers + 1, clock, random.Random(seed)
+    def __init__(self, workers: int, clock: Clock, median: float, sigma: float, seed: int, per_node: int = 4) -> None:
+        self.size, self.clock, self.rng, self.per_node = workers + 1, clock, random.Random(seed), per_node
         self.mu, self.sigma = math.log(median), sigma
         self.events: list = []  # (time, seq, message) heap
         self.seq = itertools.count()
         self.free_at = [0.0] * (workers + 1)  # when each worker finishes what it holds
         self.cancelled: set[int] = set()
         self.last: dict[int, tuple[float, float]] = {}  # running task id -> (when it started, its fitness by now)
-        self.spans: dict[int, list[float]] = {}  # task id -> [start, end] of the time a worker spent on it
+        self.spans: dict[tuple[int, int], list] = {}  # (task id, worker) -> [start, end, worker] of its time on it
         self.first_task: dict[int, float] = {}  # worker -> when its first task started
+        self.dead: dict[int, float] = {}  # worker -> when its node died
         now = clock.time()
         for rank in range(1, workers + 1):
-            self._push(now, Ready(rank, f"node{rank // 4}", "cuda:0"))
+            self._push(now, Ready(rank, self.host(rank), "cuda:0"))
+
+    def host(self, rank: int) -> str:
+        return f"node{(rank - 1) // self.per_node}"
+
+    def kill_node(self, node: int, when: float, reported: bool) -> list[int]:
+        """At `when`, every worker of `node` dies: nothing more comes from them, the time they spent on a task they
+        never finished is lost. `reported`: MPI tells rank 0 at once (ULFM; the master's path is that of a rank that
+        says it failed, RankFailed); else rank 0 finds the silence (its heartbeat timeout)."""
+        ranks = [r for r in range(1, self.size) if self.host(r) == f"node{node}"]
+        for rank in ranks:
+            self.dead[rank] = when
+            if reported:
+                self._push(when, RankFailed(rank, "MPI reports its process dead"))
+        return ranks
+
+    def lost_seconds(self) -> float:
+        """Worker-seconds the dead spent on tasks they did not finish (their spans end at the death)."""
+        return sum(min(b, self.dead[r]) - a for (a, b, r) in self.spans.values()
+                   if r in self.dead and a < self.dead[r] < b)
 
     def _push(self, when: float, obj) -> None:
         heapq.heappush(self.events, (when, next(self.seq), obj))
@@ -150,7 +171,9 @@ class SimComm:
 
     def _arrived(self) -> bytes | None:
         while self.events and self.events[0][0] <= self.clock.time():
-            obj = heapq.heappop(self.events)[2]
+            when, _, obj = heapq.heappop(self.events)
+            if obj.rank in self.dead and when >= self.dead[obj.rank] and not isinstance(obj, RankFailed):
+                continue  # its node is dead
             if isinstance(obj, Result) and obj.status not in (Status.PRUNED, Status.CANCELLED):
                 self.last.pop(obj.id, None)
                 if obj.id in self.cancelled:  # a cancelled task says nothing more, but for the answer to its cancel
@@ -163,8 +186,9 @@ class SimComm:
 
     def utilization(self, begin: float, end: float) -> float:
         """Worker-seconds spent on tasks within [begin, end] over all the worker-seconds there were."""
-        busy = sum(max(0.0, min(b, end) - max(a, begin)) for a, b in self.spans.values())
-        return busy / ((self.size - 1) * max(end - begin, 1e-9))
+        busy = sum(max(0.0, min(b, end, self.dead.get(r, b)) - max(a, begin)) for a, b, r in self.spans.values())
+        alive = sum(max(0.0, min(end, self.dead.get(r, end)) - begin) for r in range(1, self.size))
+        return busy / max(alive, 1e-9)
 
     def next_event(self) -> float | None:
         return self.events[0][0] if self.events else None
@@ -184,8 +208,8 @@ class SimComm:
             self._push(now, Result(obj.id, dest, "", obj.status, fitness if obj.status == Status.PRUNED else None,
                                    started, now))
             self.free_at[dest] = now  # its queue moves on at once (prefetch is 0 for minute-long tasks)
-            if obj.id in self.spans:
-                self.spans[obj.id][1] = min(self.spans[obj.id][1], now)
+            if (obj.id, dest) in self.spans:
+                self.spans[obj.id, dest][1] = min(self.spans[obj.id, dest][1], now)
         elif isinstance(obj, Stop):
             self._push(now, Stopped(dest))
 
@@ -220,16 +244,18 @@ class SimComm:
         self._beats(rank, start, [start + seconds * epoch / EPOCHS for epoch in range(1, epochs + 1)] + [end])
         fitness = quality * (1 - 0.5 ** EPOCHS) if status == Status.OK else None
         self.last[task.id] = (start, quality * 0.5)
-        self.spans[task.id] = [start, start + seconds]
-        self._push(end, Result(task.id, rank, f"node{rank // 4}", status, fitness, start, end,
+        self.spans[task.id, rank] = [start, start + seconds, rank]
+        self._push(end, Result(task.id, rank, self.host(rank), status, fitness, start, end,
                                {"epochs": epochs} if fitness is not None else {}))
         self.free_at[rank] = end
 
 
-def one(workers: int, minutes: float, median: float, sigma: float, breeder_workers: int | None = None) -> dict:
-    """One scale, in this process: the master served for `minutes` of virtual time."""
+def one(workers: int, minutes: float, median: float, sigma: float, breeder_workers: int | None = None, *,
+        per_node: int = 4, kill_at: float | None = None, reported: bool = False) -> dict:
+    """One scale, in this process: the master served for `minutes` of virtual time. `kill_at`: minutes after the
+    start at which one node (the middle one) dies, `reported` by MPI (ULFM) or found by its silence."""
     clock = Clock()
-    comm = SimComm(workers, clock, median, sigma, seed=0)
+    comm = SimComm(workers, clock, median, sigma, seed=0, per_node=per_node)
 
     class Backoff:  # the master's idle sleep: jump to the next worker event instead
         def reset(self) -> None:
@@ -252,6 +278,7 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
             if isinstance(source.engine, Ahead):  # its start overlaps sharing the data in a run: let it start
                 source.engine.up.poll(START_WAIT)
             start = clock.time()
+            dead = [] if kill_at is None else comm.kill_node(workers // per_node // 2, start + 60 * kill_at, reported)
             cpu = time.process_time()
             try:
                 state = runtime.master_serve(comm, source, deadline=start + 60 * minutes, prefetch=0)
@@ -276,7 +303,20 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
             "journal_lines_per_s": round(len(appends) / max(sum(appends), 1e-9)),
             "master_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             "by_status": dict(source.by_status),
-            "lost": len(state.lost)}
+            "lost": len(state.lost),
+            **(_after_death(comm, source, state, dead, start + 60 * kill_at, end) if dead else {})}
+
+
+def _after_death(comm: SimComm, source, state, dead: list[int], died: float, end: float) -> dict:
+    """What one node's death cost: seconds until rank 0 gave its workers up (their tasks back to the queue), the
+    worker-seconds lost on unfinished tasks, the tasks sent again, and the other workers' utilization after it."""
+    return {"node_workers": len(dead),
+            "given_up_after_s": round(max(state.lost_at[r] for r in dead) - died, 2),
+            "lost_worker_seconds": round(comm.lost_seconds(), 1),
+            "tasks_sent_again": sum(source.tries.values()),
+            # what a restart of the whole job would lose instead: every worker's unfinished task
+            "running_worker_seconds": round(sum(died - a for a, b, _ in comm.spans.values() if a < died < b), 1),
+            "utilization_after_death": round(comm.utilization(died, end), 4)}
 
 
 def main(argv: list[str] | None = None) -> None:

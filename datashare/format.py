@@ -12,6 +12,7 @@ import dataclasses
 import logging
 import math
 import os
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -106,11 +107,16 @@ def open_file(path: str | os.PathLike) -> h5py.File:
     fname = str(path)
     p = Path(path)
     if not p.exists():
-        raise data_error(fname, "/", "no such file")
+        raise DataError(f"{fname}: no such file: it does not exist (check the path; `galapagos data import X.npz "
+                        "X.h5` converts NumPy arrays, `python -m galapagos.examples.shapes --out shapes.h5` writes an "
+                        "example)")
     if p.is_dir():
         raise data_error(fname, "/", "is a directory, expected an HDF5 file")
     try:
         if not h5py.is_hdf5(fname):
+            if p.suffix.lower() == ".npz" or zipfile.is_zipfile(fname):
+                raise DataError(f"{fname}: a NumPy .npz archive, not the HDF5 format Galapagos reads: convert it "
+                                f"with `galapagos data import {fname} {p.with_suffix('.h5')}`, then give the .h5")
             raise data_error(fname, "/", "not an HDF5 file")
         return h5py.File(fname, "r")
     except DataError:

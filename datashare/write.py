@@ -126,7 +126,7 @@ def _load_npz(src: str, out_path: str | os.PathLike, overwrite: bool) -> dict[st
     """The archive's arrays, once it is known to be a readable .npz and the output may be written."""
     p = Path(src)
     if not p.is_file():
-        raise data_error(src, "/", "no such file")
+        raise DataError(f"{src}: no such file: it does not exist (check the path)")
     if Path(out_path).exists() and not overwrite:
         raise data_error(str(out_path), "/", "already exists; give another output file, or --force to replace it")
     if not zipfile.is_zipfile(src):

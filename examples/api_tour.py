@@ -18,8 +18,8 @@ import galapagos
 from galapagos.examples import shapes
 
 # Small networks and short trainings, so that the tour takes a minute or two on a laptop.
-QUICK = ("train.epochs=3", "space.max_layers=4", "space.channels=[4, 8, 16]", "space.units=[16, 32]",
-         "evolution.population_size=6", "ensemble.epochs=3")
+QUICK = {"train.epochs": 3, "space.max_layers": 4, "space.channels": [4, 8, 16], "space.units": [16, 32],
+         "evolution.population_size": 6, "ensemble.epochs": 3}
 
 
 def tour(out: Path, *, evaluations: int = 12, members: int = 3, workers: int = 2) -> dict:
@@ -30,21 +30,21 @@ def tour(out: Path, *, evaluations: int = 12, members: int = 3, workers: int = 2
     run = galapagos.evolve(data, out / "run", evaluations=evaluations, workers=workers, set=QUICK)
     if run is None:  # a worker rank of a job started by srun/mpiexec: rank 0 reports
         return {}
-    print(f"search: {run['evaluations']} evaluations, best val accuracy {run['best']['fitness']:.3f}")
-    ens = galapagos.ensemble(run["run"], data, out / "ensemble", members=members, workers=workers)
-    print(f"ensemble: val NLL {ens['selection']['single_best']:.4f} (best member) -> "
-          f"{ens['selection']['ensemble']:.4f}")
-    best = galapagos.predict(run["best_dir"], data, "test")
-    scores = galapagos.predict(ens["ensemble_dir"], data, "test", ranks=1)
+    print(f"search: {len(run.trials)} evaluations, best val accuracy {run.best.fitness:.3f} ({run.best.params})")
+    ens = galapagos.ensemble(run, data, out / "ensemble", members=members, workers=workers)
+    selection = ens.metrics["selection"]
+    print(f"ensemble: val NLL {selection['single_best']:.4f} (best member) -> {selection['ensemble']:.4f}")
+    best = galapagos.predict(run, data, "test")
+    scores = galapagos.predict(ens, data, "test", workers=1)
     print(f"test accuracy: best network {best['accuracy']:.3f}, ensemble {scores['accuracy']:.3f}")
-    model = galapagos.load(ens["ensemble_dir"])  # a torch module: the members' averaged class probabilities
+    model = galapagos.load(ens)  # a torch module: the members' averaged class probabilities
     with h5py.File(data, "r") as f:
         x, y = torch.from_numpy(f["test/x"][:]), torch.from_numpy(f["test/y"][:])
     with torch.no_grad():
         accuracy = (model(x).argmax(1) == y).float().mean().item()
     print(f"the loaded ensemble in plain torch: test accuracy {accuracy:.3f}")
     return {"run": run, "ensemble": ens, "best": best, "predict": scores, "torch_accuracy": accuracy,
-            "report": galapagos.report(run["run"])}
+            "report": galapagos.report(run)}
 
 
 def main(argv: list[str] | None = None) -> None:

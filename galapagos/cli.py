@@ -1,8 +1,11 @@
 """The `galapagos` command: parses the command line, calls the Python API (galapagos.api), prints what it returns."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import os
+import select
 import shlex
 import signal
 import sys
@@ -21,10 +24,15 @@ def show(*lines: str) -> None:
     print(*lines, sep="\n", flush=True)
 
 
+def show_json(result: dict) -> None:
+    """`--json`: the result as one JSON object, one line (what a script or jq reads)."""
+    show(json.dumps(result, sort_keys=True, default=str))
+
+
 def cmd_evolve(args) -> int:
     result = api.run("evolve", EvolveOptions.from_args(args))
     if result is not None:
-        show_evolution(result, args.data)
+        show_json(result) if args.json else show_evolution(result, args)
     return stop_code(result)
 
 
@@ -39,31 +47,34 @@ def stop_code(result: dict | None) -> int:
     return 128 + signal.SIGINT if result and result.get("stopped_by") == "SIGINT" else 0
 
 
-def show_evolution(summary: dict, data: str) -> None:
+def show_evolution(summary: dict, args) -> None:
     best = f"best network in {summary['best_dir']}" if summary.get("best_dir") else "no best network yet"
     show(format_summary(summary), f"run directory: {summary['run']} ({best})")
     if summary.get("stopped_by") and not summary["finished"]:
         show(f"stopped by {summary['stopped_by']} before the budget was spent: continue with --resume: "
-             f"{resume_command(summary['run'], data)}")
+             f"{resume_command(args, summary['run'])}")
 
 
-def resume_command(run: str, data: str) -> str:
-    return f"galapagos evolve --resume --out {shlex.quote(run)} --data {shlex.quote(data)}"
+def resume_command(args, out: str | None = None) -> str:
+    """The command that continues this job where it stopped (evolve, design or ensemble)."""
+    run = ["--run", args.from_run] if getattr(args, "from_run", None) else []
+    return shlex.join(["galapagos", args.command, "--resume", *run, "--out", out or args.out, "--data", args.data])
 
 
-def show_failed(command: str, exc: JobFailed, data: str) -> None:
+def show_failed(exc: JobFailed, args) -> None:
     """A job that died without its result (a rank was killed): the summary written from its journal, and how to
     go on."""
     s = exc.summary
-    show_evolution(s, data)
+    show_evolution(s, args)
     why = exc.reason or f"the job ended abnormally (exit code {exc.code}; its output above says why)"
-    print(f"galapagos {command}: {why}; the {s['evaluations']} evaluation(s) in its journal are kept: continue with "
-          f"--resume: {resume_command(s['run'], data)}", file=sys.stderr)
+    print(f"galapagos {args.command}: {why}; the {s['evaluations']} evaluation(s) in its journal are kept: continue "
+          f"with --resume: {resume_command(args, s['run'])}", file=sys.stderr)
 
 
-def show_ensemble(metrics: dict) -> None:
+def show_ensemble(metrics: dict, args) -> None:
     if "stopped_by" in metrics:
-        show(f"stopped by {metrics['stopped_by']} before every member was trained: continue with --resume")
+        show(f"stopped by {metrics['stopped_by']} before every member was trained: continue with --resume: "
+             f"{resume_command(args)}")
     else:
         show(format_metrics(metrics), f"ensemble directory: {metrics['ensemble_dir']}")
 
@@ -71,7 +82,7 @@ def show_ensemble(metrics: dict) -> None:
 def cmd_ensemble(args) -> int:
     result = api.run("ensemble", EnsembleOptions.from_args(args))
     if result is not None:
-        show_ensemble(result)
+        show_json(result) if args.json else show_ensemble(result, args)
     return stop_code(result)
 
 
@@ -79,13 +90,14 @@ def cmd_design(args) -> int:
     result = api.run("design", EvolveOptions.from_args(args))
     if result is None:
         return 0
-    show_evolution(result["evolution"], args.data)
-    if "ensemble" not in result:
-        out = result["evolution"]["run"]
-        show(f"the ensemble was not built: continue with `galapagos evolve --resume --out {out} ...`, then "
-             f"`galapagos ensemble --from {out} ...`")
+    if args.json:
+        show_json(result)
         return stop_code(result)
-    show_ensemble(result["ensemble"])
+    show_evolution(result["evolution"], args)
+    if "ensemble" not in result:
+        show(f"the ensemble was not built: continue with `{resume_command(args, result['evolution']['run'])}`")
+        return stop_code(result)
+    show_ensemble(result["ensemble"], args)
     if "report" in result:
         show(format_report(result["report"]))
     return stop_code(result)
@@ -118,13 +130,20 @@ def cmd_predict(args) -> int:
 
 
 def cmd_report(args) -> int:
-    report = api.report(args.dir, args.top)
+    # --serve reads a journal the run may be writing: only the report's own read-only reader touches it
+    report = None if args.serve else api.report(args.dir, args.top)
     wrote = []
     if args.csv:
         wrote.append(f"wrote {args.csv} ({api.results(args.dir, csv=args.csv)} rows)")
     if args.html:
         wrote.append(f"wrote {api.html_report(args.dir, args.html, compare=args.compare)}")
-    if args.json:
+    if args.serve:
+        from galapagos.reports.serve import serve
+
+        if wrote:
+            show(*wrote)
+        serve(args.dir, args.port, compare=args.compare, announce=show)
+    elif args.json:
         show(json.dumps(report))
     else:
         show(format_run_report(report), *wrote)
@@ -148,23 +167,32 @@ def cmd_data(args) -> int:
 
     if args.action == "check":
         info = api.check_data(args.file)
+        warnings = review(args.file, info)
+        if args.json:
+            show_json({**dataclasses.asdict(info), "ok": True, "warnings": list(warnings)})
+            return 0
         show(f"{args.file}: OK", fmt.describe(info))
-        for warning in review(args.file, info):
+        for warning in warnings:
             print(f"galapagos data check: warning: {warning}", file=sys.stderr)
     elif args.action == "info":
-        show(fmt.describe(api.check_data(args.file, values=False)))
+        info = api.check_data(args.file, values=False)
+        show_json(dataclasses.asdict(info)) if args.json else show(fmt.describe(info))
     else:
         info = api.import_data(args.file, args.out, task=args.task, num_classes=args.num_classes, name=args.name,
                                overwrite=args.force, channels_last=args.channels_last, relabel=args.relabel,
                                ignore_index=args.ignore_index)
-        show(f"wrote {args.out}", fmt.describe(info))
+        show_json(dataclasses.asdict(info)) if args.json else show(f"wrote {args.out}", fmt.describe(info))
     return 0
 
 
 def cmd_launch(args, argv: list[str]) -> int:
     from galapagos.jobs import launch
 
-    launch(args, argv, say=show)
+    if not args.json:
+        launch(args, argv, say=show)
+        return 0
+    notes: list[str] = []
+    show_json({"jobs": launch(args, argv, say=notes.append), "notes": notes})
     return 0
 
 
@@ -200,7 +228,7 @@ def cmd_supervise(args) -> int:
 
     words = args.job_command[1:] if args.job_command[:1] == ["--"] else args.job_command
     for name, value, least in (("--max-restarts", args.max_restarts, 0), ("--min-nodes", args.min_nodes, 1),
-                               ("--per-node", args.per_node, 1)):
+                               ("--workers-per-node", args.per_node, 1)):
         if value < least:
             raise UsageError(f"{name} {value}: must be {least} or more")
     if args.probe_timeout <= 0:
@@ -214,16 +242,49 @@ def cmd_supervise(args) -> int:
     if summary:
         show(format_summary(summary), f"run directory: {summary['run']}")
         kept = f"; the {summary['evaluations']} evaluation(s) in its journal are kept"
-    print(f"galapagos supervise: gave up: {outcome.gave_up}{kept}: continue with `galapagos launch --resume RUN`",
+    print(f"galapagos supervise: gave up: {outcome.gave_up}{kept}: continue with `galapagos launch --resume --run RUN`",
           file=sys.stderr)
     return EXIT_LOST
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    try:
+        code = run_command(sys.argv[1:] if argv is None else argv)
+        sys.stdout.flush()
+        return code
+    except BrokenPipeError:
+        if not stdout_closed():
+            raise
+        # The reader of stdout went away (`galapagos report RUN | head -2`): end quietly. stdout goes to devnull so
+        # that Python's flush at exit does not fail again (docs.python.org/3/library/signal.html#note-on-sigpipe).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+
+
+def stdout_closed() -> bool:
+    """Whether stdout is a pipe whose reader has closed it (poll reports an error on its write end)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(events & (select.POLLERR | select.POLLHUP) for _, events in poll.poll(0))
+    except (OSError, ValueError):
+        return False
+
+
+def run_command(argv: list[str]) -> int:
+    """One command: parsed, run, and its errors as one line and an exit code."""
     args = build_parser().parse_args(argv)
     if not logging.getLogger().handlers:
         setup_logging(0)
+    if args.command == "report":
+        if args.dir and args.run_dir and args.dir != args.run_dir:
+            print(f"galapagos report: error: two directories ({args.dir}, --run {args.run_dir}): give one",
+                  file=sys.stderr)
+            return EXIT_BAD_INPUT
+        args.dir = args.dir or args.run_dir
+        if not args.dir:
+            print("galapagos report: error: no directory: galapagos report DIR (or --run DIR)", file=sys.stderr)
+            return EXIT_BAD_INPUT
     commands = {"evolve": cmd_evolve, "ensemble": cmd_ensemble, "design": cmd_design, "predict": cmd_predict,
                 "report": cmd_report, "export": cmd_export, "data": cmd_data, "setup": cmd_setup,
                 "doctor": cmd_doctor, "supervise": cmd_supervise}
@@ -233,7 +294,7 @@ def main(argv: list[str] | None = None) -> int:
         return exc.code
     except JobFailed as exc:  # the job's ranks have already said why
         if exc.summary:
-            show_failed(args.command, exc, args.data)
+            show_failed(exc, args)
         elif exc.reason:
             print(f"galapagos {args.command}: {exc.reason}", file=sys.stderr)
         return exc.code

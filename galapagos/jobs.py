@@ -21,7 +21,7 @@ from galapagos.launch.scripts.stage import environment, pack_environment
 from galapagos.parser import build_parser
 
 JOB_COMMANDS = ("evolve", "ensemble", "design")
-PATH_OPTIONS = ("--data", "--out", "--config", "--from")
+PATH_OPTIONS = ("--data", "--out", "--config", "--run", "--from")  # --from: ensemble's old spelling of --run
 
 
 def parse_command(tokens: list[str]):
@@ -64,8 +64,6 @@ def resolve_command(tokens: list[str], cwd: Path) -> tuple[tuple[str, ...], Path
     if "--out" not in paths:
         raise UsageError(f"the command after -- has no --out: galapagos {resolved[0]} needs a run directory")
     out = Path(paths["--out"])
-    if not out.parent.is_dir():
-        raise UsageError(f"--out {out}: parent directory {out.parent} does not exist")
     for option, value in paths.items():
         if option != "--out" and not Path(value).exists():
             raise UsageError(f"{option} {value}: no such file or directory")
@@ -130,10 +128,25 @@ def default_program() -> str:
     return str(entry) if entry.exists() else f"{sys.executable} -m galapagos.cli"
 
 
-def launch(args: Any, argv: list[str], say: Callable[[str], None]) -> None:
+def resumed_run(args: Any) -> str | None:
+    """The run whose follow-up job `launch --resume --run DIR` writes (`--resume DIR`, the old spelling, too)."""
+    old = args.resume if isinstance(args.resume, str) else None
+    if args.run and old and args.run != old:
+        raise UsageError(f"--resume {old} and --run {args.run}: give the run once, as --resume --run DIR")
+    if args.run and not args.resume:
+        raise UsageError(f"--run {args.run}: launch writes the follow-up job of a run with --resume --run DIR "
+                         "(a new job takes its command after --)")
+    if args.resume and not (args.run or old):
+        raise UsageError("--resume: which run? give --resume --run DIR")
+    return args.run or old
+
+
+def launch(args: Any, argv: list[str], say: Callable[[str], None]) -> list[dict]:
     """Check everything, write the script (and its settings), then submit it and any chained follow-ups; `say`
-    hears each script written, each job submitted and each dependency found, as it happens."""
+    hears each script written, each job submitted and each dependency found, as it happens. Returns each job's
+    script and (submitted) id."""
     site = load_site(args.site) if args.site else {}
+    resume = resumed_run(args)
     given = {k: getattr(args, k) for k in OPTION_KEYS if getattr(args, k, None) is not None}
     env = parse_env(args.env or [])
     tokens = args.job_command[1:] if args.job_command[:1] == ["--"] else args.job_command
@@ -141,10 +154,10 @@ def launch(args: Any, argv: list[str], say: Callable[[str], None]) -> None:
         raise UsageError("--chain needs --submit: follow-up jobs wait on the id of the job before them")
     if args.chain < 0:
         raise UsageError(f"--chain {args.chain}: must be 0 or more")
-    if args.resume:
+    if resume:
         if tokens:
-            raise UsageError(f"--resume {args.resume} writes the follow-up of that run: give no command after --")
-        out = Path(args.resume).absolute()
+            raise UsageError(f"--resume --run {resume} writes the follow-up of that run: give no command after --")
+        out = Path(resume).absolute()
         saved = load_settings(out)
         if not saved.get("stop_before_explicit"):  # derived from the old wall time: derive it again from the new
             saved.pop("stop_before", None)
@@ -179,7 +192,7 @@ def launch(args: Any, argv: list[str], say: Callable[[str], None]) -> None:
         req = replace(req, stage_env=tar, stage_data=_path_values(command).get("--data"))
     if args.script and not req.script.parent.is_dir():
         raise UsageError(f"--script {args.script}: directory {req.script.parent} does not exist")
-    if not args.resume:
+    if not resume:
         command = pin_config(command, out, job_folder(out))
     req = replace(req, command=command, script=req.script if args.script else next_script(job_folder(out),
                                                                                          req.scheduler))
@@ -188,7 +201,7 @@ def launch(args: Any, argv: list[str], say: Callable[[str], None]) -> None:
         jobs.append(replace(req, command=resume_command(req.command), after=None,
                             script=req.script.with_name(f"{req.script.stem}-follow-{k + 1}.sh"),
                             generated_by=f"{generated_by}  (follow-up {k + 1} of --chain {args.chain})"))
-    previous = None
+    previous, written = None, []
     for job in jobs:
         if job is not req:
             job = replace(job, after=previous)
@@ -199,8 +212,10 @@ def launch(args: Any, argv: list[str], say: Callable[[str], None]) -> None:
         if job_id:
             say(f"submitted: {job.scheduler} job {job_id}")
         previous = job_id
+        written.append({"script": str(job.script), "scheduler": job.scheduler, "job_id": job_id})
     if req.walltime:
         say(failure_cost(req.layout.nodes, req.walltime, site))
+    return written
 
 
 def failure_cost(nodes: int, walltime: int, site: dict) -> str:

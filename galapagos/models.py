@@ -10,10 +10,11 @@ import torch
 
 from galapagos.datashare.format import CLASS_TASKS
 from galapagos.ensemble.average import member_output
+from galapagos.errors import UsageError
 from galapagos.evolve.genome import Genome
 from galapagos.evolve.netdir import ModelError, NetworkDir
 from galapagos.evolve.problem import Problem
-from galapagos.store.ensembledir import EnsembleDir, load_manifest
+from galapagos.store.ensembledir import EnsembleDir, is_ensemble, load_manifest
 from galapagos.store.rundir import RunDir
 
 
@@ -65,3 +66,17 @@ def load_ensemble(root: str | Path, device: str = "cpu") -> Ensemble:
     manifest = load_manifest(root)
     members = [load_network(EnsembleDir(root).member(m.name), device)[0] for m in manifest.used]
     return Ensemble(members, [m.weight for m in manifest.used], manifest.problem.task).to(device).eval()
+
+
+def load_model(path: str | Path, device: str = "cpu", *, logits: bool = False) -> torch.nn.Module:
+    """What `galapagos.load` gives: an ensemble directory as an Ensemble, a network as a module in eval mode that
+    gives class probabilities as `predict` and `export` do (`logits`: its raw outputs), or regression outputs."""
+    if is_ensemble(path):
+        if logits:
+            raise UsageError(f"{path}: an ensemble averages its members' probabilities and has no logits; load a "
+                             "member directory (members/NAME) for one network's logits")
+        return load_ensemble(path, device)
+    net, _, problem = load_network(path, device)
+    if problem.task in CLASS_TASKS and not logits:
+        net = torch.nn.Sequential(net, torch.nn.Softmax(1))
+    return net.to(device).eval()

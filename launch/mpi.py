@@ -1,6 +1,7 @@
 """The one place that imports mpi4py, lazily, so `import evolve` works on a laptop without MPI."""
 from __future__ import annotations
 
+import atexit
 import os
 import shutil
 import sys
@@ -77,7 +78,7 @@ def library_version() -> str:
 
     if "mpi4py.MPI" not in sys.modules:
         mpi4py.rc.initialize = False
-        mpi4py.rc.finalize = True  # world() may still initialise it; then it is finalised at exit as usual
+        mpi4py.rc.finalize = not _ft_enabled()  # world() may still initialise it; then it is finalised at exit
     from mpi4py import MPI
 
     return MPI.Get_library_version()
@@ -221,11 +222,64 @@ def world() -> Any:
         mpi4py.rc.thread_level = "funneled"  # datashare reads and checksums on threads; only this one calls MPI
         if why := pmix_refusal():
             raise MPIMismatch(why)
+        if _ft_enabled():
+            mpi4py.rc.finalize = False  # _finalize decides
     from mpi4py import MPI
 
     if not MPI.Is_initialized():  # imported without initialising (library_version): initialise now
         MPI.Init_thread(MPI.THREAD_FUNNELED)
+    if not mpi4py.rc.finalize and failures_survivable():
+        atexit.register(_finalize, MPI.COMM_WORLD)
     return MPI.COMM_WORLD
+
+
+def _ft_enabled() -> bool:
+    return os.environ.get("OMPI_MCA_mpi_ft_enable", "").lower() in ("1", "true", "yes", "on")
+
+
+def _finalize(comm: Any) -> None:
+    """ULFM: this rank's end. The surviving ranks agree on the dead ones (MPI_Comm_shrink, which survives them);
+    with none dead, MPI_Finalize as usual. With some, Open MPI 5.0's MPI_Finalize waits forever for dead ranks of
+    another node, so this rank leaves without it, once everything is written: the job's outcome is already
+    decided, and mpiexec under ULFM lets ranks end without it."""
+    from mpi4py import MPI
+
+    try:
+        survivors = comm.Shrink()
+        dead = comm.size - survivors.size
+        survivors.Free()
+    except MPI.Exception as exc:
+        print(f"galapagos: rank {comm.rank}: MPI_Comm_shrink at the end failed: {exc}", file=sys.stderr)
+        dead = 1
+    if not dead:
+        MPI.Finalize()
+
+
+def failures_survivable() -> bool:
+    """True where the MPI lets the job go on when a process dies: Open MPI 5 started with `mpiexec --with-ft ulfm`
+    (which sets OMPI_MCA_mpi_ft_enable=1 in every rank), User-Level Failure Mitigation: an operation with a dead
+    peer returns MPIX_ERR_PROC_FAILED instead of ending every rank
+    (https://docs.open-mpi.org/en/v5.0.8/features/ulfm.html). Open MPI supports it only under its own
+    mpirun/mpiexec, not srun. Every other MPI ends the job (and `galapagos supervise` restarts it)."""
+    return _ft_enabled() and library_kind(library_version()) == "openmpi"
+
+
+def failed_ranks(comm: Any, exc: BaseException) -> set[int] | None:
+    """Where `exc` is MPI's word that processes of `comm` died (ULFM's MPIX_ERR_PROC_FAILED or _PENDING): the
+    ranks it knows dead, acknowledged so that receives from any source work again; None for any other error."""
+    from mpi4py import MPI
+
+    dead = {getattr(MPI, name, None) for name in ("ERR_PROC_FAILED", "ERR_PROC_FAILED_PENDING")} - {None}
+    if not isinstance(exc, MPI.Exception) or exc.Get_error_class() not in dead:
+        return None
+    comm.Ack_failed()
+    group, everyone = comm.Get_failed(), comm.Get_group()
+    try:
+        return {r for r in MPI.Group.Translate_ranks(group, list(range(group.Get_size())), everyone)
+                if r != MPI.UNDEFINED}
+    finally:
+        group.Free()
+        everyone.Free()
 
 
 def node_comm(comm: Any) -> Any:

@@ -6,21 +6,17 @@ and sleeps briefly (Backoff) only when nothing happened, so it takes no CPU from
 """
 from __future__ import annotations
 
-import atexit
 import gc
 import heapq
 import logging
-import os
-import signal
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from galapagos.launch.heartbeat import Beacon, Silence
-from galapagos.launch.mpi import Backoff
+from galapagos.launch.mpi import Backoff, failed_ranks
 from galapagos.launch.protocol import (TAG, Alive, Cancel, Liveness, Progress, RankFailed, Ready, Result, Status, Stop,
                                        Stopped, Task)
 from galapagos.launch.supervisor import START_TIMEOUT
@@ -108,14 +104,25 @@ class MasterState:
     stopping: bool = False
     ended: bool = False  # the loop is over: the source's last tick
     lost: set[int] = field(default_factory=set)  # worker ranks that stopped answering or failed: sent nothing more
+    lost_at: dict = field(default_factory=dict)  # lost worker rank -> when it was given up
     # hosts given up whole: every worker rank there went silent together (a frozen or cut-off node; heartbeat.py)
     lost_nodes: set[str] = field(default_factory=set)
+    # ranks whose process MPI reports dead (ULFM: launch.mpi.failures_survivable): they hold up nobody's exit
+    failed: set[int] = field(default_factory=set)
     slots: Slots = field(default_factory=Slots)  # tasks each worker rank holds
 
     @property
     def busy(self) -> int:
         """Workers with a task (one may also hold a queued one)."""
         return self.slots.busy
+
+    def lost_summary(self) -> dict:
+        """For the job's summary: `lost_ranks`, worker ranks that stopped answering (the job ends with EXIT_LOST,
+        since MPI would wait for them), and `failed_ranks`, those whose process died where MPI goes on without them
+        (ULFM): the job went on."""
+        silent = self.lost - self.failed
+        return {**({"lost_ranks": sorted(silent)} if silent else {}),
+                **({"failed_ranks": sorted(self.failed)} if self.failed else {})}
 
 
 # Seconds between the source's ticks while results keep coming (a log line per finished task, the journal written
@@ -124,40 +131,6 @@ class MasterState:
 # nothing happens.
 TICK_BUSY = 0.05
 SHORT_TASK = 1.0  # seconds: below this mean task time, dispatch latency matters and workers get a queued task
-
-# A scheduler warns a job ahead of its wall time with SIGUSR1 (Slurm --signal, LSF -wa, the job script's watchdog)
-# and ends it with SIGTERM. The master ends the run cleanly on either; workers ignore SIGUSR1 (its default action
-# kills) and leave when the master says STOP.
-STOP_SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
-_stop_signals: list[int] = []
-
-
-def catch_stop_signals() -> None:
-    """From now on SIGUSR1 and SIGTERM only record a request to stop (see stop_signal)."""
-    for signum in STOP_SIGNALS:
-        signal.signal(signum, lambda s, frame: _stop_signals.append(s))
-    # Python's exit puts its handlers back to the default (die) before MPI_Finalize, which waits for the workers:
-    # a SIGUSR1 passed on late would kill rank 0 there and fail a job that stopped cleanly. Nothing is left to stop.
-    atexit.register(signal.signal, signal.SIGUSR1, signal.SIG_IGN)
-
-
-def announce_ready(comm: Any) -> None:
-    """Under a `galapagos launch` job script: once every rank catches stop signals (all have passed
-    catch_stop_signals), tell the script, which only then passes a SIGUSR1 on (a rank still starting would die)."""
-    path = os.environ.get("GALAPAGOS_READY_FILE")
-    if path:
-        comm.Barrier()
-        if comm.rank == 0:
-            Path(path).touch()
-
-
-def stop_signal() -> str | None:
-    """The name of the first stop signal received, or None. A SIGUSR1 that the command which started the job passed
-    on names the signal the user sent, which that command wrote to $GALAPAGOS_STOP_FILE first (flows/mpijob.py)."""
-    name = signal.Signals(_stop_signals[0]).name if _stop_signals else None
-    relayed = os.environ.get("GALAPAGOS_STOP_FILE") if name == "SIGUSR1" else None
-    return (Path(relayed).read_text().strip() if relayed and os.path.isfile(relayed) else "") or name
-
 
 class _Serving:
     """master_serve's state (what were its loop's locals) and the loop's steps, cut as mpi4py.futures cuts its
@@ -190,17 +163,26 @@ class _Serving:
         self.mean_seconds: float | None = None
 
     def send(self, obj: Any, dest: int) -> None:
-        self.comm.send(obj, dest=dest, tag=TAG)
+        try:
+            self.comm.send(obj, dest=dest, tag=TAG)
+        except Exception as exc:
+            if not self.failed(exc):
+                raise
 
     def receive(self, now: float) -> bool:
         """Step 1: everything that has arrived, each message decided on in order; True if there was any but Alive.
         Any message is a sign of life of its rank: one timestamp, nothing more (launch/heartbeat.py)."""
         event, seen = False, self.seen
         while True:
-            msg = self.comm.improbe(tag=TAG)
-            if msg is None:
-                return event
-            obj = msg.recv()
+            try:
+                msg = self.comm.improbe(tag=TAG)
+                if msg is None:
+                    return event
+                obj = msg.recv()
+            except Exception as exc:
+                if not self.failed(exc):
+                    raise
+                continue
             seen[obj.rank] = now
             if obj.__class__ is not Alive:
                 event = True
@@ -331,12 +313,30 @@ class _Serving:
             for rank in ranks:
                 self.lose(rank, now, "stopped answering", why)
 
+    def failed(self, exc: BaseException) -> bool:
+        """Where MPI goes on without dead processes (ULFM), an operation that met one raises: each dead worker rank
+        is given up at once (its tasks go back to the source), a node whose every worker died with it. True if
+        that was the error."""
+        ranks = failed_ranks(self.comm, exc)
+        if ranks is None:
+            return False
+        state, now = self.state, time.time()
+        for rank in sorted(ranks - state.failed - {0}):
+            state.failed.add(rank)
+            if rank not in state.lost:
+                self.lose(rank, now, "failed", "MPI reports its process dead")
+        for host in {state.hosts.get(r) for r in ranks} - {None}:
+            if all(r in state.failed for r, h in state.hosts.items() if h == host):
+                state.lost_nodes.add(host)
+        return True
+
     def lose(self, rank: int, now: float, what: str, why: str) -> None:
         """Give up a worker rank that stopped answering or failed: its tasks end as LOST; it gets no more work."""
         held = list(self.order[rank])
         log.warning("worker rank %d on %s %s (%s): giving up its %d task(s); it gets no more work", rank,
                     self.state.hosts.get(rank, "?"), what, why, len(held))
         self.state.lost.add(rank)
+        self.state.lost_at[rank] = now
         self.slots.remove(rank)
         for i in held:
             self.give_up(i, Status.LOST, self.sent[i], now, f"worker rank {rank} {what}")
@@ -386,21 +386,30 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
         for rank in stopped:
             loop.send(Stop(), rank)
     gc.unfreeze()
-    _read_until_stopped(comm, stopped)
+    _read_until_stopped(comm, stopped, state.failed)
     state.ended = True
     source.on_tick(state)
     return state
 
 
-def _read_until_stopped(comm: Any, ranks: list[int]) -> None:
+def _read_until_stopped(comm: Any, ranks: list[int], failed: set[int]) -> None:
     """Read (and drop: the run is over) whatever the workers sent until each has answered Stop, so that nothing
-    stays unread on rank 0 (see protocol.Stopped); MPI keeps each worker's messages in order."""
+    stays unread on rank 0 (see protocol.Stopped); MPI keeps each worker's messages in order. A rank that MPI
+    reports dead meanwhile (ULFM) joins `failed` and is not waited for."""
     waiting, end, backoff = set(ranks), time.time() + STOPPED_WAIT, Backoff()
     while waiting and time.time() < end:
-        msg = comm.improbe(tag=TAG)
-        if msg is None:
+        try:
+            msg = comm.improbe(tag=TAG)
+            obj = None if msg is None else msg.recv()
+        except Exception as exc:
+            if (dead := failed_ranks(comm, exc)) is None:
+                raise
+            failed |= dead
+            waiting -= dead
+            continue
+        if obj is None:
             backoff.sleep()
-        elif isinstance(obj := msg.recv(), Stopped):
+        elif isinstance(obj, Stopped):
             waiting.discard(obj.rank)
     if waiting:
         log.warning("worker rank(s) %s did not answer Stop within %g s", ", ".join(map(str, sorted(waiting))),

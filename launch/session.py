@@ -20,7 +20,7 @@ from galapagos.datashare.plan import Plan
 from galapagos.datashare.share import DataShareError, Shared, share
 from galapagos.datashare.shm import remove_stale
 from galapagos.launch.heartbeat import MasterSilent, MasterWatch, Pulse
-from galapagos.launch.mpi import Backoff, node_comm
+from galapagos.launch.mpi import Backoff, failed_ranks, node_comm
 from galapagos.launch.placement import Placement, node_placement
 from galapagos.launch.protocol import (EXIT_BAD_INPUT, EXIT_CRASH, EXIT_LOST, TAG, Cancel, Liveness, RankFailed, Ready,
                                       Setup, SetupFailed, Stop, Stopped, Task)
@@ -78,7 +78,7 @@ def abort_if_lost(comm: Any, state: MasterState) -> None:
     """Rank 0's last step, once it has written everything: a job that lost worker ranks cannot end normally (a
     stopped rank never exits, so mpiexec would wait forever), so it is aborted with EXIT_LOST, which kills every
     rank of the job, stopped ones included. Without lost ranks this does nothing; with them it never returns."""
-    if state.lost:
+    if state.lost - state.failed:  # a dead process (ULFM) is no longer waited for; a silent one would be
         log.error("ending the job with exit code %d: worker rank(s) %s stopped answering or failed",
                   EXIT_LOST, ", ".join(map(str, sorted(state.lost))))
         flush_then_abort(comm, EXIT_LOST)
@@ -116,6 +116,9 @@ def worker_main(comm: Any, preload: str | None = None) -> int:
             log.error("worker rank %d on %s: %s", comm.rank, socket.gethostname(), exc)
             flush_then_abort(comm, EXIT_LOST)
         except Exception as exc:
+            if 0 in (failed_ranks(comm, exc) or ()):  # rank 0's process died (ULFM reports it): end the job
+                log.error("worker rank %d on %s: rank 0 died; ending the job", comm.rank, socket.gethostname())
+                flush_then_abort(comm, EXIT_LOST)
             # Rank 0 is told at once, rather than finding this rank silent past its task's time limit: it gives up
             # the rank's tasks and goes on with the other workers.
             comm.send(RankFailed(comm.rank, f"{type(exc).__name__}: {exc}"), dest=0, tag=TAG)

@@ -91,3 +91,14 @@ def device_state(payload, ctx):
     import torch
 
     return {"fitness": 1.0, "metrics": {"device": ctx.device, "cuda_up": torch.cuda.is_initialized()}}
+
+
+def kills_one_rank(payload, ctx):
+    """The first task to run (of a run whose GALAPAGOS_TEST_MARK file does not exist yet) SIGKILLs its worker rank
+    and itself, as the death of that rank's node would; every other task is `slow_quick`."""
+    try:
+        os.close(os.open(os.environ["GALAPAGOS_TEST_MARK"], os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError:
+        return slow_quick(payload, ctx)
+    os.kill(os.getppid(), signal.SIGKILL)
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -173,7 +173,6 @@ def test_bad_inputs_fail_clearly(design, shapes_file, tmp_path, capsys):
         ([*base, "--from", run, "--out", run], "not empty"),
         ([*base, "--from", run, "--out", tmp_path / "e", "--resume"], "no ensemble build to resume"),
         ([*base, "--from", run, "--out", tmp_path / "e", "--set", "ensemble.strategy='best'"], "ensemble.strategy"),
-        ([*base, "--from", run, "--out", tmp_path / "no" / "e"], "does not exist"),
         (["design", "--data", shapes_file, "--out", tmp_path / "d", "--evaluations", "2", "--members", "0"],
          "--members 0"),
         (["design", "--data", shapes_file, "--out", run, "--evaluations", "2"], "already holds a run"),

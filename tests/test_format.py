@@ -337,7 +337,7 @@ def test_import_npz_regression_and_reshapes(tmp_path: Path) -> None:
 
 def test_import_npz_errors(tmp_path: Path) -> None:
     out = tmp_path / "out.h5"
-    assert "missing.npz: /: no such file" in data_error(import_npz, tmp_path / "missing.npz", out)
+    assert "missing.npz: no such file: it does not exist" in data_error(import_npz, tmp_path / "missing.npz", out)
     bad = tmp_path / "bad.npz"
     bad.write_bytes(b"not a zip")
     assert "bad.npz: /: not a .npz archive" in data_error(import_npz, bad, out)

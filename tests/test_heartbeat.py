@@ -243,10 +243,10 @@ def test_a_frozen_node_is_given_up_within_seconds_of_the_timeout(data, tmp_path,
     assert code == EXIT_LOST, text[-4000:]
     assert re.search(rf"node {node2} stopped answering: its worker rank\(s\) 3 are silent", text), text[-4000:]
     assert len(records) == evaluations and len({r["id"] for r in records}) == evaluations, text[-4000:]
-    lost = [r for r in records if r["status"] == "lost"]
-    assert 1 <= len(lost) <= 2 and {r["host"] for r in lost} == {node2}, lost  # running and queued; nothing finished
-    assert all(r["status"] == "ok" for r in records if r["host"] != node2)
-    seconds = lost[0]["end"] - frozen
+    # its running and queued tasks went back to the queue; nothing finished was lost, nothing ran on node2 after
+    assert all(r["status"] == "ok" for r in records), records
+    assert "goes back to the queue" in text, text[-4000:]
+    seconds = json.loads((run / "log" / "lost.json").read_text())["given_up"]["3"] - frozen
     print(f"\nfrozen node ({how}) given up {seconds:.1f} s after it froze (run.worker_timeout "
           f"{BEAT['worker_timeout']:g} s, run.heartbeat {BEAT['heartbeat']:g} s, 4 nodes)")
     assert BEAT["worker_timeout"] - BEAT["heartbeat"] - 0.5 < seconds < BEAT["worker_timeout"] + 5.0

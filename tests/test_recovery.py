@@ -246,7 +246,8 @@ def test_the_command_a_restart_runs_and_the_ranks_file_refuses_a_bad_call(tmp_pa
 
     evolve = ["evolve", "--data", "d.h5", "--out", "r", "--config", "c.toml", "--seed-from", "old", "--set", "a=1"]
     assert resume_words(evolve) == ["evolve", "--data", "d.h5", "--out", "r", "--set", "a=1", "--resume"]
-    assert resume_words(["design", "--data", "d.h5", "--out", "r"]) is None  # design cannot resume: no restart
+    assert resume_words(["design", "--data", "d.h5", "--out", "r"]) == ["design", "--data", "d.h5", "--out", "r",
+                                                                         "--resume"]  # design resumes too
     nodes = tmp_path / "nodes"
     nodes.write_text("# the allocation\nn1:4\nn2\n\nn1\n")
     assert read_nodes(nodes) == ["n1", "n2"]

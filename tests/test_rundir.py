@@ -85,7 +85,10 @@ def test_torn_last_line_is_dropped_and_cut(tmp_path):
     run.flush()
     with open(run.journal, "a") as f:
         f.write('{"id": 2, "fitn')
-    assert [r.id for r in run.read_journal()] == [0, 1]
+    size = run.journal.stat().st_size
+    assert [r.id for r in run.read_journal()] == [0, 1]  # a reader (of a live run, maybe) leaves it as it is
+    assert run.journal.stat().st_size == size
+    assert [r.id for r in run.read_journal(repair=True)] == [0, 1]  # the job about to write cuts it off
     run.append(rec(3))
     run.flush()
     assert [json.loads(x)["id"] for x in run.journal.read_text().splitlines()] == [0, 1, 3]
@@ -109,8 +112,14 @@ def test_open_refuses_to_mix_runs(tmp_path):
         RunDir.open(tmp_path / "r", resume=False)
     with pytest.raises(RunDirError, match="no run to resume"):
         RunDir.open(tmp_path / "other", resume=True)
-    with pytest.raises(RunDirError, match="does not exist"):
-        RunDir.open(tmp_path / "a" / "b", resume=False)
+    nested = RunDir.open(tmp_path / "a" / "b", resume=False)  # missing parents are made, as `mkdir -p` would
+    assert nested.path.is_dir()
+    nested.hold()
+    nested.discard()  # a refused new run leaves nothing behind, the parents it made included
+    assert not (tmp_path / "a").exists()
+    (tmp_path / "f").write_text("")
+    with pytest.raises(RunDirError, match="is not a directory"):
+        RunDir.open(tmp_path / "f" / "b", resume=False)
 
 
 def test_out_that_is_a_file_is_refused(tmp_path):

@@ -1,5 +1,6 @@
 """`design`: one job that evolves into DIR, trains the ensemble on the same workers into DIR/ensemble, and
-reports the search's best network, the best member and the ensemble."""
+reports the search's best network, the best member and the ensemble. `--resume` continues the search, then
+finishes the ensemble's build (or starts it)."""
 from __future__ import annotations
 
 from typing import Any
@@ -9,9 +10,10 @@ from galapagos.evolve.files import write_json
 from galapagos.flows import ensembling, evolution
 from galapagos.flows.mpijob import Flow
 from galapagos.flows.session import MasterSession
-from galapagos.launch.runtime import stop_signal
+from galapagos.launch.signals import stop_signal
 from galapagos.options import EvolveOptions
 from galapagos.reports.summary import design_report
+from galapagos.store.ensembledir import EnsembleDir
 from galapagos.store.rundir import RunDir
 
 
@@ -30,8 +32,9 @@ def master(comm: Any, opts: EvolveOptions) -> dict:
         if summary.get("lost_ranks"):  # a lost rank would never join the second phase's start; the job is ended
             session.fail("worker ranks were lost")
             return {"evolution": summary}
-        with session.starting():
-            job = ensembling.prepare(out.path, opts.data, out.ensemble)
+        with session.starting():  # --resume finishes a build begun (its plan written) or starts it
+            begun = opts.resume and EnsembleDir(out.ensemble).plan.exists()
+            job = ensembling.prepare(out.path, opts.data, out.ensemble, resume=begun)
         metrics = ensembling.build(session, job)
     if "stopped_by" in metrics:
         return {"evolution": summary, "ensemble": metrics, "stopped_by": metrics["stopped_by"]}

@@ -35,7 +35,7 @@ from galapagos.flows.mpijob import Flow, setup_logging
 from galapagos.flows.session import MasterSession
 from galapagos.flows.sources import JournalSource
 from galapagos.launch.protocol import Result, Setup, Status, Task
-from galapagos.launch.runtime import stop_signal
+from galapagos.launch.signals import stop_signal
 from galapagos.launch.scripts.request import job_folder
 from galapagos.options import EnsembleOptions
 from galapagos.reports.progress import ProgressView, Snapshot
@@ -67,17 +67,17 @@ def prepare(source: str | Path, data: str | Path, out: str | Path, *, sets: list
     """
     src, dst = RunDir(source), EnsembleDir(out)
     if not src.journal.exists():
-        raise RunDirError(f"--from {source}: no {src.journal.name} (not a run directory)")
+        raise RunDirError(f"--run {source}: no {src.journal.name} (not a run directory)")
     best = NetworkDir(src.best)
     if not best.metrics_file.exists():
-        raise RunDirError(f"--from {source}: no {best.metrics_file.relative_to(src.path)} (no evaluation of the run "
+        raise RunDirError(f"--run {source}: no {best.metrics_file.relative_to(src.path)} (no evaluation of the run "
                           "finished)")
     try:
         problem = best.problem()
     except ModelError as exc:
-        raise RunDirError(f"--from {exc}") from None
-    if not dst.path.parent.exists():
-        raise RunDirError(f"--out {dst.path}: parent directory {dst.path.parent} does not exist")
+        raise RunDirError(f"--run {exc}") from None
+    if dst.path.exists() and not dst.path.is_dir():
+        raise RunDirError(f"--out {dst.path}: exists and is not a directory")
     plan = dst.plan
     if resume:
         if not plan.exists():
@@ -117,7 +117,7 @@ def prepare(source: str | Path, data: str | Path, out: str | Path, *, sets: list
             specs = choose_members(records, members=config.ensemble.members,
                                    strategy=config.ensemble.strategy, seed=config.ensemble.seed, run=str(src.path))
         except ValueError as exc:
-            raise RunDirError(f"--from {exc}") from None
+            raise RunDirError(f"--run {exc}") from None
     return EnsembleJob(src, str(data), dst, config, problem, tuple(specs), resume)
 
 
@@ -140,9 +140,9 @@ class EnsembleSource(JournalSource):
         self.cancelled = 0  # members stopped by a stop signal, not journalled
 
     def next_task(self) -> Task | None:
-        if not self.pending:
+        if not self.pending and not self.again:
             return None
-        i = self.pending.pop(0)
+        i = self.again.popleft() if self.again else self.pending.pop(0)
         spec = self.job.specs[i]
         net = NetworkDir(self.job.out.member(spec.name))
         net.path.mkdir(parents=True, exist_ok=True)
@@ -152,9 +152,11 @@ class EnsembleSource(JournalSource):
         return Task(i, payload, self.timeout)
 
     def finished(self) -> bool:
-        return not self.pending and not self.curves
+        return not self.pending and not self.again and not self.curves
 
     def on_result(self, r: Result) -> None:
+        if self.lost_again(r):
+            return
         spec = self.job.specs[r.id]
         net = NetworkDir(self.job.out.member(spec.name))
         builder = self.job.config.train.builder
@@ -198,7 +200,7 @@ def master_build(session: MasterSession, job: EnsembleJob) -> dict | None:
     """Rank 0 of an ensemble build: train the members on the workers, then select and save.
 
     Returns the metrics, or None when a stop signal ended the build before every member was trained."""
-    records = job.out.read_journal() if job.resume else []
+    records = job.out.read_journal(repair=True) if job.resume else []
     session.while_serving(job.out.close)
     start_workers(session, job)
     source = EnsembleSource(job, records=records)
@@ -206,11 +208,11 @@ def master_build(session: MasterSession, job: EnsembleJob) -> dict | None:
              len(source.pending), len(job.specs), source.train.epochs, source.timeout, session.workers)
     state = session.serve(source, lost_grace=job.config.run.lost_grace)
     if state.lost:  # for the job's supervisor: which nodes to probe (galapagos/flows/recovery.py)
-        job.out.record_lost({r: state.hosts.get(r, "") for r in state.lost}, getattr(state, "lost_nodes", ()))
+        job.out.record_lost({r: state.hosts.get(r, "") for r in state.lost}, state.lost_nodes, state.lost_at)
     if source.cancelled or not source.finished():
         return None
     metrics = finish(job, source.records)
-    return {**metrics, "lost_ranks": sorted(state.lost)} if state.lost else metrics
+    return {**metrics, **state.lost_summary()}
 
 
 def latest(records: list[JournalRecord]) -> dict[str, JournalRecord]:

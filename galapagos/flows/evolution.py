@@ -22,7 +22,8 @@ from galapagos.flows.mpijob import Flow, default_workers, setup_logging
 from galapagos.flows.session import MasterSession
 from galapagos.flows.warmstart import seed_genomes
 from galapagos.launch.protocol import Setup
-from galapagos.launch.runtime import MasterState, stop_signal
+from galapagos.launch.runtime import MasterState
+from galapagos.launch.signals import stop_signal
 from galapagos.options import TRAIN_TASK, EvolveOptions
 from galapagos.reports.summary import summarize
 from galapagos.reports.tracking import Tracker, check_tracking
@@ -89,7 +90,7 @@ def evolve(session: MasterSession, opts: EvolveOptions) -> dict:
         session.hold(run.hold())
         session.on_refusal(run.discard)  # a refused start leaves --out as it found it (the lock still held)
         setup_logging(0, run.master_log)
-        records = run.read_journal() if opts.resume else []
+        records = run.read_journal(repair=True) if opts.resume else []
         spent = run.spent_seconds() if opts.resume else 0.0
         check_room(run, config, session.workers)
         problem = Problem.of_dataset(info)
@@ -146,9 +147,9 @@ def conclude(run: RunDir, config: Config, source: EvolutionSource, state: Master
     summary["search_seconds"] = round(searched, 2)
     if stopped := stop_signal():
         summary["stopped_by"] = stopped
+    summary.update(state.lost_summary())
     if state.lost:
-        summary["lost_ranks"] = sorted(state.lost)
-        run.record_lost({r: state.hosts.get(r, "") for r in state.lost}, getattr(state, "lost_nodes", ()))
+        run.record_lost({r: state.hosts.get(r, "") for r in state.lost}, state.lost_nodes, state.lost_at)
     if source.front is not None:
         summary["pareto_front"] = len(source.front.members)
     if source.exhausted:

@@ -73,6 +73,8 @@ class EvolutionSource(JournalSource):
         return self.config.run.evaluations or None
 
     def next_task(self) -> Task | None:
+        if self.again:  # its worker was lost: sent again (it is still in flight, within the budget)
+            return self._task(self.again.popleft())
         if self.exhausted or (self.budget is not None and self.done + len(self.inflight) >= self.budget):
             return None
         try:
@@ -88,14 +90,22 @@ class EvolutionSource(JournalSource):
         parent = next((p for p in cand.parents if p in self.held), None) if self.config.evolution.inherit else None
         if parent is not None:
             self.inflight[cand.id]["inherits"] = parent
-        self.running(cand.id)
-        payload = TrainTask(cand.genome, self.problem, self.config.train, seed=self.config.run.seed * 1_000_003
-                            + cand.id, save=self.run.model_path(cand.id), data=self.access,
+        return self._task(cand.id)
+
+    def _task(self, cid: int) -> Task:
+        what = self.inflight[cid]
+        parent = what.get("inherits")
+        if parent is not None and parent not in self.held:  # sent again after its parent's weights were dropped
+            del what["inherits"]
+            parent = None
+        self.running(cid)
+        payload = TrainTask(what["genome"], self.problem, self.config.train, seed=self.config.run.seed * 1_000_003
+                            + cid, save=self.run.model_path(cid), data=self.access,
                             inherit=None if parent is None else self.run.model_path(parent))
-        return Task(cand.id, payload, self.config.run.task_timeout)
+        return Task(cid, payload, self.config.run.task_timeout)
 
     def finished(self) -> bool:
-        return bool(self.exhausted) or (self.budget is not None and self.done >= self.budget)
+        return not self.again and (bool(self.exhausted) or (self.budget is not None and self.done >= self.budget))
 
     def search_seconds(self) -> float:
         """The run's search time over all its jobs so far (what its time budget counts)."""
@@ -103,6 +113,8 @@ class EvolutionSource(JournalSource):
 
     # -- results ---------------------------------------------------------------------------------------------
     def on_result(self, r: Result) -> None:
+        if self.lost_again(r):
+            return
         if time.time() - self.clocked >= CLOCK_EVERY:
             self.run.record_seconds(self.search_seconds())
             self.clocked = time.time()

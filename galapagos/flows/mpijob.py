@@ -126,7 +126,7 @@ def run(ref: FlowRef, opts: Any) -> dict | None:
 def run_rank(ref: FlowRef, opts: Any) -> dict | None:
     """This rank's part of a job started by a launcher."""
     from galapagos.launch.mpi import world
-    from galapagos.launch.runtime import announce_ready, catch_stop_signals
+    from galapagos.launch.signals import announce_ready, catch_stop_signals
     from galapagos.launch.session import worker_main
     from galapagos.launch.supervisor import uncompiled
 

@@ -236,7 +236,7 @@ def check(opts: PredictOptions) -> tuple[PredictOptions, int | None]:
     if opts.batch < 1:
         raise UsageError(f"--batch {opts.batch}: must be at least 1")
     if opts.ranks is not None and opts.ranks < 1:
-        raise UsageError(f"--ranks {opts.ranks}: must be at least 1")
+        raise UsageError(f"--workers {opts.ranks}: must be at least 1")
     if opts.save and not Path(opts.save).absolute().parent.is_dir():
         raise UsageError(f"--save {opts.save}: directory {Path(opts.save).absolute().parent} does not exist")
     return opts, used_members(opts.model)  # an ensemble's manifest is checked here too
@@ -250,7 +250,7 @@ def plan(opts: PredictOptions) -> tuple[PredictOptions, int]:
     opts, members = check(opts)
     if members is None:
         if opts.ranks and opts.ranks > 1:
-            log.warning("--ranks %d ignored: %s is one network, not an ensemble", opts.ranks, opts.model)
+            log.warning("--workers %d ignored: %s is one network, not an ensemble", opts.ranks, opts.model)
         return opts, 1
     ranks = min(opts.ranks or default_workers(), members)
     if ranks > 1:
@@ -265,7 +265,7 @@ def collective(comm: Any, opts: PredictOptions) -> dict | None:
     opts, members = check(opts)
     if members is None:
         if comm is not None and rank0 and opts.ranks and opts.ranks > 1:
-            log.warning("--ranks %d ignored: %s is one network, not an ensemble", opts.ranks, opts.model)
+            log.warning("--workers %d ignored: %s is one network, not an ensemble", opts.ranks, opts.model)
         return predict(opts.model, opts.data, opts.split, save=opts.save, batch=opts.batch) if rank0 else None
     if comm is not None and rank0 and opts.ranks and min(opts.ranks, members) != comm.size:
         log.warning("--ranks %d ignored: this job has %d rank(s)", opts.ranks, comm.size)

@@ -3,13 +3,15 @@ probed, those that do not answer are left out, and the ranks start again with ``
 remain, in the same allocation, without the user.
 
 MPICH (the wheel's Hydra, Cray MPICH under srun or PALS) cannot go on without a rank: a killed rank or a dead node
-ends every rank of the job (Hydra kills the others at once), and a rank that stops answering is given up by rank 0,
-which writes everything and ends the job with EXIT_LOST. Either way the run's journal on the shared file system
-holds every evaluation it recorded, so a job that starts again with --resume loses only what was running: the
-lost node's evaluations when rank 0 gave the node up itself (journalled as `lost`, the others finish theirs), every
-running evaluation when MPICH ended the job at once (not journalled: the resumed run breeds afresh), and at most the
-journal's write-behind (galapagos/store/rundir.py FLUSH_EVERY) of results rank 0 had not written yet. Rank 0's node
-is not special: a restart puts rank 0 on the first node that remains.
+ends every rank of the job (Hydra kills the others at once). A rank that stops answering is given up by rank 0: its
+tasks go back to the queue, the other workers go on, and once the run is over rank 0 writes everything and ends the
+job with EXIT_LOST (MPI would wait for the silent rank). Either way the run's journal on the shared file system
+holds every evaluation it recorded, so a job that starts again with --resume loses only what was running: nothing
+when rank 0 gave the node up itself, every running evaluation when MPICH ended the job at once (not journalled: the
+resumed run breeds afresh), and at most the journal's write-behind (galapagos/store/rundir.py FLUSH_EVERY) of
+results rank 0 had not written yet. Rank 0's node is not special: a restart puts rank 0 on the first node that
+remains. Where the MPI goes on without a dead rank (Open MPI 5 with ULFM: launch/mpi.py failures_survivable) no
+restart is needed: rank 0 gives the dead rank up at once and the job ends normally.
 
 Two callers share `supervise`: a job script's one Galapagos command (`galapagos supervise`, run by every script
 `galapagos launch` writes, with the scheduler's own way of starting ranks on a set of nodes and probing one node,
@@ -165,7 +167,7 @@ def restart_locally(name: str, opts: Any, workers: int, start: Callable[..., dic
     restarts = getattr(opts, "max_restarts", MAX_RESTARTS)
     if restarts < 0:
         raise UsageError(f"--max-restarts {restarts}: must be 0 or more")
-    policy = Policy(max_restarts=restarts if name in ("evolve", "ensemble") else 0)  # those two resume
+    policy = Policy(max_restarts=restarts if name in ("evolve", "ensemble", "design") else 0)  # those resume
     last: dict = {}
 
     def attempt(nodes: list[str], resume: bool) -> tuple[int, bool]:

@@ -21,7 +21,8 @@ from galapagos.datashare.share import DataShareError
 from galapagos.errors import UsageError
 from galapagos.flows.mpijob import end_when_done, user_errors
 from galapagos.launch.protocol import Liveness, Setup, SetupFailed
-from galapagos.launch.runtime import MasterState, TaskSource, master_serve, stop_signal
+from galapagos.launch.runtime import MasterState, TaskSource, master_serve
+from galapagos.launch.signals import stop_signal
 from galapagos.launch.session import master_start
 
 

@@ -3,7 +3,7 @@ journalled the moment it arrives, the learning curve of each running task, and t
 from __future__ import annotations
 
 import time
-from collections import Counter
+from collections import Counter, deque
 
 from galapagos.evolve.genome import Genome
 from galapagos.launch.protocol import Progress, Result, Status
@@ -29,9 +29,22 @@ class JournalSource:
         self.shown = -1
         self.done = self.resumed = len(records)  # finished in all; by earlier jobs of the run
         self.by_status = Counter(str(r.status) for r in records)
+        self.again: deque[int] = deque()  # tasks whose worker rank was lost, to be sent again before any new one
+        self.tries: Counter = Counter()  # task -> times it went back to the queue
 
     def running(self, task_id: int) -> None:
         self.curves[task_id] = []
+
+    def lost_again(self, r: Result) -> bool:
+        """A task whose worker rank was lost (its node died or froze) goes back to the queue, once: True, and it is
+        not journalled. Lost a second time, it is journalled as lost: the task itself may be what kills nodes."""
+        if r.status != Status.LOST or self.tries[r.id] >= 1:
+            return False
+        self.tries[r.id] += 1
+        self.curves.pop(r.id, None)
+        self.again.append(r.id)
+        self.view.message(f"task {r.id} was running on rank {r.rank}, lost ({r.error}): it goes back to the queue")
+        return True
 
     def journal_result(self, r: Result, what: dict) -> JournalRecord | None:
         """Journal a finished task; None for a cancelled one (the job is ending: nothing is kept, a resume redoes

@@ -70,7 +70,7 @@ def supervise_job(words: list[str], nodes: list[str], policy: Policy, *, ranks: 
     program, command = words[:at], list(words[at:])
     opts, again = _options(command), resume_words(command)
     if again is None:
-        policy = replace(policy, max_restarts=0)  # a job that cannot be resumed (design) is not restarted
+        policy = replace(policy, max_restarts=0)  # a job that cannot be resumed is not restarted
     run = JournalDir(opts.out)
     ready = Path(os.environ.get("GALAPAGOS_READY_FILE") or run.path.parent / f".ready-{os.getpid()}")
     stop: list[int] = []
@@ -115,7 +115,7 @@ def run_lost_hosts(run: Any) -> Callable[[float], list[str] | None]:
 
 def resume_words(command: list[str]) -> list[str] | None:
     """The job command that continues its run (jobs.resume_command: --resume, the run's own config), without
-    --seed-from, which the run applied when it began; None for a command that cannot resume (design)."""
+    --seed-from, which the run applied when it began; None for a command that cannot resume."""
     from galapagos.jobs import resume_command, without_option
 
     try:

@@ -1,304 +1,342 @@
-"""`report --html`: one self-contained HTML file (plots as inline PNG made by matplotlib, no script or style to
-fetch) that opens on a login node or a laptop.
+"""`report --html`: one self-contained, interactive HTML file that opens offline, on a login node or a laptop.
 
-For an evolution run: best fitness over evaluations and over time (a second run, e.g. a random search, beside it),
-fitness against parameter count with the Pareto front, learning curves of the top networks, a worker timeline
-(a row per worker, a bar per evaluation coloured by status), the genealogy of the best network and the counts by
-status. For an ensemble (or a design's): the members' weights, the ensemble against each member, and, when its
-data file is at hand, calibration and uncertainty on the test split.
+The plotting library is plotly.js as the `plotly` package ships it (the one Optuna and optuna-dashboard draw with),
+inlined in the page with the run's data as one JSON block; nothing is fetched. Every plot zooms, pans and hovers;
+hovering a point shows the candidate's network and metrics, clicking it shows its whole genome and picks its row
+in the table.
+
+For an evolution run: every evaluation over time coloured by status with the best so far (another run, e.g. a
+random search, beside it), the intermediate values (fitness after each epoch) of every candidate, pruned ones
+included, fitness against parameter count (and latency) with the Pareto front, parameter importance, parallel
+coordinates, a worker timeline, the genealogy of the best network, the counts by status and a sortable table of
+evaluations. For an ensemble (or a design's): the members' weights, the ensemble against each member, the members'
+diversity, and, when its data file is at hand, calibration and uncertainty on the test split.
+
+The same page is what `report --serve` (galapagos/reports/serve.py) gives, polling :func:`payload` as the journal
+grows. The journal is only read here, never repaired: a line the master is still writing is left for the next read.
 """
 from __future__ import annotations
 
-import base64
 import html
-import io
 import json
+import math
 import tempfile
+from datetime import datetime, timezone
+from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from galapagos.errors import RunDirError
+from galapagos.evolve.genome import Genome
 from galapagos.evolve.pareto import Front, objective_values
-from galapagos.reports.summary import format_metrics, format_pareto, format_summary, run_report
+from galapagos.reports.summary import format_metrics, format_pareto, format_summary, run_report, summarize
+from galapagos.reports.tables import genome_params, iso
 from galapagos.store.ensembledir import is_ensemble, load_manifest
 from galapagos.store.journal import JournalRecord
-from galapagos.store.rundir import RunDir
+from galapagos.store.rundir import JournalDir, RunDir
 
-COLORS = {"ok": "#2a9d8f", "pruned": "#e9c46a", "failed": "#e76f51", "timeout": "#9b5de5", "crashed": "#d62828",
+COLORS = {"ok": "#2a9d8f", "pruned": "#e9a23b", "failed": "#e76f51", "timeout": "#9b5de5", "crashed": "#d62828",
           "lost": "#6c757d"}
-STYLE = """body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}
-figure{margin:1.5em 0}img{max-width:100%}figcaption{color:#555;font-size:90%}pre{background:#f6f6f6;padding:1em;
-overflow-x:auto}h2{border-bottom:1px solid #ddd;padding-bottom:.2em}"""
-# Marks, once the page has loaded, how many plots the browser decoded (the test in a headless browser reads it).
-CHECK = """<script>window.addEventListener("load",()=>{document.body.dataset.rendered=
-[...document.images].filter(i=>i.complete&&i.naturalWidth>0).length;});</script>"""
+IMPORTANCE = ("correlation ratio \u03b7\u00b2 of fitness on each genome parameter, over the evaluations that "
+              "succeeded: the share of fitness variance explained by the parameter's value (numeric parameters with "
+              "more than 5 values grouped into 5 quantile bins); 0 = no relation, 1 = the parameter decides fitness. "
+              "A marginal, one-parameter-at-a-time measure, like a single-feature ANOVA; small runs overstate it.")
 
 
-def _png(fig) -> str:
-    import matplotlib.pyplot as plt
-
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90, bbox_inches="tight")
-    plt.close(fig)
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-class Page:
-    def __init__(self, title: str):
-        self.title, self.parts, self.plots = title, [], 0
-
-    def heading(self, text: str) -> None:
-        self.parts.append(f"<h2>{html.escape(text)}</h2>")
-
-    def text(self, text: str) -> None:
-        self.parts.append(f"<pre>{html.escape(text)}</pre>")
-
-    def figure(self, fig, caption: str) -> None:
-        self.plots += 1
-        self.parts.append(f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{_png(fig)}">'
-                          f"<figcaption>{html.escape(caption)}</figcaption></figure>")
-
-    def render(self) -> str:
-        return (f'<!doctype html><html><head><meta charset="utf-8"><title>{html.escape(self.title)}</title>'
-                f'<style>{STYLE}</style></head><body data-plots="{self.plots}"><h1>{html.escape(self.title)}</h1>'
-                + "\n".join(self.parts) + CHECK + "</body></html>\n")
+def read_records(path: str | Path) -> tuple[list[JournalRecord], int]:
+    """The journal's complete lines and the bytes they span. Read only: a last line without its newline (the master
+    is writing it) is left for the next read, where read_journal would cut it off."""
+    journal = JournalDir(path).journal
+    try:
+        data = journal.read_bytes()
+    except FileNotFoundError:
+        return [], 0
+    end = data.rfind(b"\n") + 1
+    out = []
+    for line in data[:end].splitlines():
+        if line.strip():
+            out.append(JournalRecord.from_dict(json.loads(line)))
+    return out, end
 
 
-def _plt():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
+def _number(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def _ordered(records: list[JournalRecord]) -> list[JournalRecord]:
-    return sorted(records, key=lambda r: (r.end or 0, r.id))
+def _network(genome: Any) -> str:
+    try:
+        return Genome.from_json(genome).describe()
+    except Exception:  # noqa: BLE001 - a journal of another version: show it, do not fail the report
+        return json.dumps(genome)[:200]
 
 
-def _best_so_far(records: list[JournalRecord]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(evaluation number, minutes since the first start, best fitness so far) in the order they finished."""
-    rs = _ordered(records)
-    t0 = min((r.start for r in rs if r.start), default=0)
-    best, ys = -np.inf, []
-    for r in rs:
-        if r.status == "ok" and r.fitness is not None:
-            best = max(best, r.fitness)
-        ys.append(best if np.isfinite(best) else np.nan)
-    return np.arange(1, len(rs) + 1), np.array([((r.end or t0) - t0) / 60 for r in rs]), np.array(ys)
+def _params(genome: Any) -> dict:
+    try:
+        return genome_params(genome)
+    except Exception:  # noqa: BLE001 - as above
+        return {}
 
 
-def progress_plot(page: Page, records: list[JournalRecord], compare: tuple[str, list[JournalRecord]] | None) -> None:
-    plt = _plt()
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
-    for name, recs, style in [("this run", records, "-"), *([(compare[0], compare[1], "--")] if compare else [])]:
-        n, t, best = _best_so_far(recs)
-        a.step(n, best, style, where="post", label=name)
-        b.step(t, best, style, where="post", label=name)
-    a.set(xlabel="evaluations", ylabel="best fitness so far")
-    b.set(xlabel="minutes", ylabel="best fitness so far")
-    for ax in (a, b):
-        ax.grid(alpha=.3)
-        ax.legend()
-    page.figure(fig, "Best fitness over evaluations and over time" + (f", beside {compare[0]}" if compare else ""))
+def evaluation(r: JournalRecord, t0: float) -> dict:
+    """What the page knows of one evaluation (times in minutes since the run's first start)."""
+    return {"id": r.id, "status": r.status, "fitness": _number(r.fitness), "size": r.params,
+            "start": None if r.start is None else (r.start - t0) / 60, "end": None if r.end is None else
+            (r.end - t0) / 60, "finished": iso(r.end), "seconds": None if not (r.start and r.end) else
+            round(r.end - r.start, 3), "rank": r.rank, "host": r.host,
+            "origin": r.origin if isinstance(r.origin, (str, type(None))) else json.dumps(r.origin),
+            "parents": list(r.parents or []), "curve": [_number(v) for v in r.curve or []],
+            "network": _network(r.genome), "genome": r.genome, "params": _params(r.genome),
+            "metrics": {k: v for k, v in (r.metrics or {}).items() if _number(v) is not None or isinstance(v, str)},
+            "error": r.error.strip().splitlines()[-1] if r.error else None, "name": r.name}
 
 
-def cost_plot(page: Page, records: list[JournalRecord], cost: str) -> None:
-    """Fitness against one cost objective (params or latency), with the front of the two (fitter and cheaper)."""
-    plt = _plt()
-    points = {r.id: v for r in records
-              if r.status == "ok" and (v := objective_values(r, ("fitness", cost))) is not None}
-    label = {"params": "parameters", "latency": "latency (ms per sample)"}[cost]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    if points:
-        ax.scatter(*zip(*((c, f) for f, c in points.values())), s=12, alpha=.5, color=COLORS["ok"],
-                   label="evaluations")
+def correlation_ratio(values: list, y: np.ndarray, bins: int = 5) -> float | None:
+    """eta^2 of y on one parameter's values (see IMPORTANCE); None when the parameter never varies."""
+    keep = [i for i, v in enumerate(values) if v is not None]
+    if len(keep) < 3:
+        return None
+    vals, y = [values[i] for i in keep], y[keep]
+    if len(set(vals)) < 2:
+        return None
+    if all(isinstance(v, (int, float)) for v in vals) and len(set(vals)) > bins:
+        edges = np.quantile(np.asarray(vals, float), np.linspace(0, 1, bins + 1)[1:-1])
+        vals = list(np.searchsorted(edges, np.asarray(vals, float), side="right"))
+    total = float(((y - y.mean()) ** 2).sum())
+    if total == 0:
+        return None
+    groups: dict[Any, list[float]] = {}
+    for v, f in zip(vals, y):
+        groups.setdefault(v, []).append(f)
+    between = sum(len(g) * (np.mean(g) - y.mean()) ** 2 for g in groups.values())
+    return float(between / total)
+
+
+def importance(evals: list[dict]) -> list[dict]:
+    ok = [e for e in evals if e["status"] == "ok" and e["fitness"] is not None and e["params"]]
+    if len(ok) < 4:
+        return []
+    y = np.array([e["fitness"] for e in ok])
+    names = list(dict.fromkeys(k for e in ok for k in e["params"]))
+    out = [{"name": n, "eta2": eta} for n in names
+           if (eta := correlation_ratio([e["params"].get(n) for e in ok], y)) is not None]
+    return sorted(out, key=lambda d: d["eta2"])
+
+
+def fronts(records: list[JournalRecord]) -> dict[str, list[int]]:
+    """Ids on the front of fitness against each cost (parameters, latency): fitter and cheaper."""
+    out = {}
+    for cost in ("params", "latency"):
         front = Front(("fitness", cost))
-        for i, v in points.items():
-            front.add(i, v)
-        steps = sorted((c, f) for f, c in front.members.values())
-        ax.step(*zip(*steps), "-o", where="post", color="#264653", ms=4, label="Pareto front")
-        ax.set_xscale("log")
-        ax.legend()
-    ax.set(xlabel=label, ylabel="fitness")
-    ax.grid(alpha=.3)
-    page.figure(fig, f"Fitness against {label}, with the Pareto front of the two (fitter and cheaper)")
+        for r in records:
+            if r.status == "ok" and (v := objective_values(r, ("fitness", cost))) is not None:
+                front.add(r.id, v)
+        out[cost] = sorted(front.members, key=lambda i: front.members[i][1])
+    return out
 
 
-def curves_plot(page: Page, records: list[JournalRecord], top: int = 8) -> None:
-    plt = _plt()
-    best = sorted((r for r in records if r.status == "ok" and r.curve), key=lambda r: -r.fitness)[:top]
-    fig, ax = plt.subplots(figsize=(7, 4))
-    for r in best:
-        ax.plot(range(1, len(r.curve) + 1), r.curve, marker=".", label=f"#{r.id} ({r.fitness:.3f})")
-    ax.set(xlabel="epoch", ylabel="validation fitness")
-    ax.grid(alpha=.3)
-    if best:
-        ax.legend(fontsize=8)
-    page.figure(fig, f"Learning curves of the top {len(best)} networks")
-
-
-def timeline_plot(page: Page, records: list[JournalRecord]) -> None:
-    plt = _plt()
-    timed = [r for r in records if r.start and r.end]
-    t0 = min((r.start for r in timed), default=0)
-    t1 = max((r.end for r in timed), default=1)
-    ranks = sorted({r.rank for r in timed})
-    fig, ax = plt.subplots(figsize=(11, 0.5 + 0.35 * max(len(ranks), 2)))
-    busy = 0.0
-    for row, rank in enumerate(ranks):
-        mine = [r for r in timed if r.rank == rank]
-        busy += sum(r.end - r.start for r in mine)
-        ax.broken_barh([((r.start - t0) / 60, (r.end - r.start) / 60) for r in mine], (row - .4, .8),
-                       facecolors=[COLORS.get(r.status, "#999") for r in mine])
-    ax.set_yticks(range(len(ranks)), [f"rank {r}" for r in ranks])
-    ax.set_xlabel("minutes")
-    ax.set_xlim(0, max((t1 - t0) / 60, 1e-3))
-    for status, color in COLORS.items():
-        if any(r.status == status for r in timed):
-            ax.bar(0, 0, color=color, label=status)
-    ax.legend(loc="upper right", fontsize=8, ncols=len(COLORS))
-    use = busy / max(len(ranks) * (t1 - t0), 1e-9)
-    page.figure(fig, f"Worker timeline: a bar per evaluation, coloured by status; utilization {use:.1%} of "
-                     f"{len(ranks)} worker(s) between the first start and the last end")
-
-
-def genealogy_plot(page: Page, records: list[JournalRecord], depth: int = 6) -> None:
-    """The best network and its ancestors, a row per generation back."""
-    plt = _plt()
-    by_id = {r.id: r for r in records}
-    ok = [r for r in records if r.status == "ok" and r.fitness is not None]
-    fig, ax = plt.subplots(figsize=(11, 4))
-    if ok:
-        best = max(ok, key=lambda r: r.fitness)
-        rows, edges, seen = [[best.id]], [], {best.id}
-        while len(rows) < depth and rows[-1]:
-            nxt = []
-            for child in rows[-1]:
-                for p in by_id[child].parents or []:
+def genealogy(evals: list[dict], depth: int = 8, width: int = 16) -> dict:
+    """The best network and its ancestors, a row per generation back: node positions and edges."""
+    by_id = {e["id"]: e for e in evals}
+    ok = [e for e in evals if e["status"] == "ok" and e["fitness"] is not None]
+    if not ok:
+        return {"nodes": [], "edges": []}
+    best = max(ok, key=lambda e: e["fitness"])
+    rows, edges, seen = [[best["id"]]], [], {best["id"]}
+    while len(rows) < depth and rows[-1]:
+        nxt = []
+        for child in rows[-1]:
+            for p in by_id[child]["parents"]:
+                if p in by_id:
                     edges.append((child, p))
-                    if p in by_id and p not in seen:
+                    if p not in seen and len(nxt) < width:
                         seen.add(p)
                         nxt.append(p)
-            rows.append(nxt[:12])
-        pos = {i: (k - (len(row) - 1) / 2, -g) for g, row in enumerate(rows) for k, i in enumerate(row)}
-        for child, parent in edges:
-            if child in pos and parent in pos:
-                ax.plot(*zip(pos[child], pos[parent]), color="#aaa", zorder=1)
-        for i, (x, y) in pos.items():
-            r = by_id[i]
-            ax.scatter([x], [y], s=300, color=COLORS.get(r.status, "#999"), zorder=2)
-            fit = "-" if r.fitness is None else f"{r.fitness:.3f}"
-            ax.annotate(f"#{i}\n{fit}\n{'' if r.origin is None else r.origin}", (x, y), ha="center", va="center",
-                        fontsize=6)
-    ax.axis("off")
-    page.figure(fig, "Genealogy of the best network: its parents, theirs, and so on (id, fitness, origin)")
+        rows.append(nxt)
+    nodes = [{"id": i, "x": k - (len(row) - 1) / 2, "y": -g} for g, row in enumerate(rows) for k, i in enumerate(row)]
+    placed = {n["id"] for n in nodes}
+    return {"nodes": nodes, "edges": [e for e in edges if e[0] in placed and e[1] in placed]}
 
 
-def status_plot(page: Page, records: list[JournalRecord]) -> None:
-    plt = _plt()
-    counts = {s: sum(r.status == s for r in records) for s in {r.status for r in records}}
-    fig, ax = plt.subplots(figsize=(6, 2.8))
-    names = sorted(counts, key=lambda s: -counts[s])
-    ax.bar(names, [counts[s] for s in names], color=[COLORS.get(s, "#999") for s in names])
-    ax.set_ylabel("evaluations")
-    page.figure(fig, "Evaluations by status")
+def run_payload(path: str | Path, compare: str | Path | None = None) -> dict:
+    """Everything the page draws of an evolution run, from its journal as it stands (also while it runs)."""
+    from galapagos.config import load_config
+
+    run = RunDir(path)
+    records, size = read_records(path)
+    config = load_config(run.config if run.config.exists() else None)
+    summary = summarize(records, population_size=config.evolution.population_size)
+    if run.summary.exists():
+        try:
+            saved = json.loads(run.summary.read_text())
+            summary.update({k: v for k, v in saved.items() if k in ("workers", "wall_seconds", "worker_utilization")})
+        except (OSError, ValueError):
+            pass
+    t0 = min((r.start for r in records if r.start), default=0.0)
+    evals = [evaluation(r, t0) for r in sorted(records, key=lambda r: (r.end or 0, r.id))]
+    timed = [r for r in records if r.start and r.end]
+    ranks = {r.rank for r in timed}
+    span = max((r.end for r in timed), default=0) - min((r.start for r in timed), default=0)
+    busy = sum(r.end - r.start for r in timed)
+    out = {"kind": "run", "version": size, "started": iso(t0) if records else None, "evaluations": evals,
+           "summary": format_summary(summary), "fronts": fronts(records), "importance": importance(evals),
+           "genealogy": genealogy(evals), "importance_method": IMPORTANCE, "colors": COLORS,
+           "busy": {"share": busy / (len(ranks) * span) if span > 0 else None, "workers": len(ranks),
+                    "minutes": span / 60}}
+    if (front := run.read_front()) is not None:
+        out["pareto_text"] = format_pareto({"pareto": front, "dir": str(path)})
+    if compare:
+        other, _ = read_records(compare)
+        c0 = min((r.start for r in other if r.start), default=0.0)
+        out["compare"] = {"name": str(compare), "evaluations": [
+            {"fitness": _number(r.fitness), "status": r.status, "end": None if r.end is None else (r.end - c0) / 60}
+            for r in sorted(other, key=lambda r: (r.end or 0, r.id))]}
+    return out
 
 
-def ensemble_plots(page: Page, root: Path, metrics: dict) -> None:
-    plt = _plt()
+def _histogram(values: np.ndarray, edges: np.ndarray) -> list[int]:
+    return np.histogram(values, bins=edges)[0].tolist()
+
+
+def ensemble_payload(root: Path, metrics: dict) -> dict:
+    """The ensemble's members, weights and scores; with its data file, calibration, uncertainty and the members'
+    diversity (how often two members disagree, or how their errors correlate) on the split it was scored on."""
     task = metrics["task"]
     key = {"classification": "accuracy", "segmentation": "miou"}.get(task, "r2")
     split = "test" if "test" in metrics else "val"
     names = list(metrics[split]["members"])
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.6))
-    a.bar(names, [metrics["weights"].get(n, 0) for n in names], color="#264653")
-    a.set(ylabel="weight", title="members' weights")
-    scores = [metrics[split]["members"][n][key] for n in names]
-    b.bar([*names, "ensemble"], [*scores, metrics[split]["ensemble"][key]],
-          color=["#8ab17d"] * len(names) + ["#e76f51"])
-    b.set(ylabel=f"{split} {key}", title="the ensemble against each member")
-    lo = min([*scores, metrics[split]["ensemble"][key]])
-    b.set_ylim(max(0.0, lo - 0.1) if task == "classification" else None)
-    for ax in (a, b):
-        ax.tick_params(axis="x", rotation=45)
-    page.figure(fig, f"Ensemble members, their weights, and the ensemble against each member on {split}")
+    records, _ = read_records(root)
+    networks = {r.name: _network(r.genome) for r in records if r.name}
+    out: dict[str, Any] = {"task": task, "key": key, "split": split, "summary": format_metrics(metrics),
+                           "members": [{"name": n, "weight": metrics["weights"].get(n, 0),
+                                        "score": metrics[split]["members"][n][key], "network": networks.get(n, "")}
+                                       for n in names],
+                           "ensemble_score": metrics[split]["ensemble"][key]}
     if task in ("segmentation", "field"):
-        page.text("Calibration and uncertainty plots are drawn for classification and regression ensembles.")
-        return
+        out["note"] = "Calibration, uncertainty and diversity are drawn for classification and regression ensembles."
+        return out
     data = load_manifest(root).sources.get("data") if is_ensemble(root) else None
     if not data or not Path(data).exists():
-        page.text(f"Calibration and uncertainty need the ensemble's data file ({data or 'unknown'}), not found here.")
-        return
+        out["note"] = (f"Calibration, uncertainty and the members' diversity need the ensemble's data file "
+                       f"({data or 'unknown'}), not found here.")
+        return out
     import h5py
 
     from galapagos.flows.prediction import predict_ensemble
 
     with tempfile.TemporaryDirectory() as tmp:
-        predict_ensemble(root, data, split, save=Path(tmp) / "p.h5", per_member=False)
+        predict_ensemble(root, data, split, save=Path(tmp) / "p.h5", per_member=True)
         with h5py.File(Path(tmp) / "p.h5") as f:
             saved = {k: f[k][()] for k in f}
-    fig, (a, b) = plt.subplots(1, 2, figsize=(11, 3.8))
+            used = [str(n) for n in f.attrs["members"]]
+    out["data"], out["used"] = str(data), used
     if task == "classification":
         p, y = saved["probabilities"], saved["y"]
         conf, right = p.max(1), p.argmax(1) == y
         edges = np.linspace(0, 1, 11)
         bins = np.clip(np.digitize(conf, edges) - 1, 0, 9)
-        centers = [(edges[k] + edges[k + 1]) / 2 for k in range(10) if (bins == k).any()]
-        acc = [right[bins == k].mean() for k in range(10) if (bins == k).any()]
-        a.plot([0, 1], [0, 1], ":", color="#999")
-        a.plot(centers, acc, "o-", color="#e76f51")
-        a.set(xlabel="confidence", ylabel="accuracy", title="reliability (calibration)")
-        b.hist([saved["entropy"][right], saved["entropy"][~right]], bins=20, label=["right", "wrong"],
-               color=["#2a9d8f", "#e76f51"])
-        b.set(xlabel="predictive entropy (nats)", title="uncertainty, right against wrong predictions")
-        b.legend()
+        filled = [k for k in range(10) if (bins == k).any()]
+        out["calibration"] = {"confidence": [float(conf[bins == k].mean()) for k in filled],
+                              "accuracy": [float(right[bins == k].mean()) for k in filled],
+                              "count": [int((bins == k).sum()) for k in filled]}
+        ent = saved["entropy"]
+        e_edges = np.linspace(0, max(float(ent.max()), 1e-6), 21)
+        out["uncertainty"] = {"centers": ((e_edges[1:] + e_edges[:-1]) / 2).tolist(),
+                              "right": _histogram(ent[right], e_edges), "wrong": _histogram(ent[~right], e_edges)}
+        labels = saved["member_probabilities"].argmax(-1)  # (members, samples)
+        out["diversity"] = {"what": "share of samples on which two members predict different classes",
+                            "matrix": [[float((a != b).mean()) for b in labels] for a in labels]}
     else:
-        pred, y, std = saved["predictions"][:, 0], saved["y"].reshape(len(saved["y"]), -1)[:, 0], saved["std"][:, 0]
-        a.errorbar(y, pred, yerr=std, fmt=".", alpha=.5, color="#264653")
-        a.plot([y.min(), y.max()], [y.min(), y.max()], ":", color="#999")
-        a.set(xlabel="true (first target)", ylabel="predicted", title="predictions, ± between-member std")
-        b.scatter(std, np.abs(pred - y), s=8, alpha=.5, color="#e76f51")
-        b.set(xlabel="between-member std", ylabel="absolute error", title="uncertainty against error")
-    page.figure(fig, f"Calibration and uncertainty of the ensemble on {split} ({data})")
+        pred = saved["predictions"].reshape(len(saved["predictions"]), -1)[:, 0]
+        y = saved["y"].reshape(len(saved["y"]), -1)[:, 0]
+        std = saved["std"].reshape(len(saved["std"]), -1)[:, 0]
+        pick = np.linspace(0, len(y) - 1, min(len(y), 2000)).astype(int) if len(y) else np.array([], int)
+        out["regression"] = {"y": y[pick].tolist(), "pred": pred[pick].tolist(), "std": std[pick].tolist()}
+        members = saved["member_predictions"].reshape(saved["member_predictions"].shape[0], len(y), -1)[:, :, 0]
+        errors = members - y[None]
+        corr = np.corrcoef(errors) if len(y) > 1 else np.eye(len(members))
+        out["diversity"] = {"what": "correlation of two members' errors on the first target (lower: more diverse)",
+                            "matrix": np.nan_to_num(np.atleast_2d(corr), nan=1.0).tolist()}
+    return out
+
+
+def payload(path: str | Path, compare: str | Path | None = None, *, ensemble: bool = True) -> dict:
+    """The page's data for a run, design or ensemble directory (`ensemble`: with the ensemble's section, which
+    predicts on its data file; the live page leaves it out)."""
+    path = Path(path)
+    if is_ensemble(path):
+        report = run_report(path)
+        out: dict[str, Any] = {"kind": "ensemble", "version": 0}
+        if ensemble:
+            out["ensemble"] = ensemble_payload(path, report["ensemble"])
+    else:
+        out = run_payload(path, compare)
+        built = RunDir(path).ensemble
+        if ensemble and (built / "metrics.json").exists() and is_ensemble(built):
+            out["kind"] = "design"
+            out["ensemble"] = ensemble_payload(built, json.loads((built / "metrics.json").read_text()))
+    out["title"] = f"Galapagos report: {path}"
+    out["made"] = iso(datetime.now(timezone.utc).timestamp())
+    return out
+
+
+@lru_cache(maxsize=1)
+def plotly_js() -> str:
+    """plotly.min.js as the plotly package ships it (read once per process)."""
+    from importlib import resources
+
+    try:
+        return (resources.files("plotly") / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+    except (ModuleNotFoundError, FileNotFoundError):
+        raise RunDirError("the HTML report needs the plotly package (pip install plotly)") from None
+
+
+@lru_cache(maxsize=1)
+def app_js() -> str:
+    """report.js beside this module: the app that draws the data with plotly.js."""
+    return (Path(__file__).with_name("report.js")).read_text(encoding="utf-8")
+
+
+def _json_script(data: dict) -> str:
+    text = json.dumps(data, allow_nan=False, default=str, separators=(",", ":"))
+    return text.replace("<", "\\u003c")  # "<" only occurs in strings, where this is the same character
+
+
+def page(data: dict, live: str | None = None) -> str:
+    """The whole HTML page: plotly.js, the data and the app that draws it (`live`: the URL of the data to poll)."""
+    title = html.escape(data["title"])
+    setup = f"window.GALAPAGOS_LIVE={json.dumps(live)};" if live else ""
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8"><meta name="viewport" '
+            f'content="width=device-width,initial-scale=1"><title>{title}</title><style>{STYLE}</style>'
+            f"<script>{plotly_js()}</script></head><body><header><h1>{title}</h1>"
+            f'<p id="made"></p></header><main id="app"></main>'
+            f'<aside id="selected" hidden><button id="close" title="close">\u00d7</button><div></div></aside>'
+            f'<script type="application/json" id="galapagos-data">{_json_script(data)}</script>'
+            f"<script>{setup}{app_js()}</script></body></html>\n")
 
 
 def write_report(path: str | Path, out: str | Path, *, compare: str | Path | None = None) -> Path:
     """Write the HTML report of the run, design or ensemble directory `path` to `out`."""
-    try:
-        _plt()
-    except ImportError:
-        raise RunDirError("--html needs matplotlib (pip install matplotlib)") from None
     path, out = Path(path), Path(out)
     if not out.absolute().parent.is_dir():
         raise RunDirError(f"--html {out}: directory {out.absolute().parent} does not exist")
-    report = run_report(path)
-    page = Page(f"Galapagos report: {path}")
-    if report["kind"] != "ensemble":
-        if compare and not RunDir(compare).journal.exists():
-            raise RunDirError(f"--compare {compare}: no {RunDir(compare).journal.name} (not a run directory)")
-        records = RunDir(path).read_journal()
-        other = (str(compare), RunDir(compare).read_journal()) if compare else None
-        page.heading("Search")
-        page.text(format_summary(report))
-        progress_plot(page, records, other)
-        if "pareto" in report:
-            page.text(format_pareto(report))
-        cost_plot(page, records, "params")
-        if any((r.metrics or {}).get("latency_ms") for r in records):
-            cost_plot(page, records, "latency")
-        curves_plot(page, records)
-        timeline_plot(page, records)
-        genealogy_plot(page, records)
-        status_plot(page, records)
-    if "ensemble" in report:
-        root = path if report["kind"] == "ensemble" else RunDir(path).ensemble
-        page.heading("Ensemble")
-        page.text(format_metrics(report["ensemble"]))
-        ensemble_plots(page, root, report["ensemble"])
-    page.parts.append(f"<details><summary>the report as JSON (galapagos report --json)</summary><pre>"
-                      f"{html.escape(json.dumps(report, indent=1, default=str))}</pre></details>")
-    out.write_text(page.render())
+    run_report(path)  # the same checks and messages as `report` (not a run directory, an unbuilt ensemble)
+    if compare and not RunDir(compare).journal.exists():
+        raise RunDirError(f"--compare {compare}: no {RunDir(compare).journal.name} (not a run directory)")
+    plotly_js()
+    out.write_text(page(payload(path, compare)), encoding="utf-8")
     return out
+
+
+STYLE = """body{font-family:system-ui,sans-serif;margin:0 auto;max-width:1400px;padding:0 1.5em 4em;color:#222}
+h1{font-size:1.5em;margin:.8em 0 .1em}h2{border-bottom:1px solid #ddd;padding-bottom:.2em;margin-top:2em}
+#made{color:#666;margin:0}pre{background:#f6f6f6;padding:.8em 1em;overflow-x:auto;font-size:90%}
+figure{margin:1.2em 0}figcaption{color:#555;font-size:90%;max-width:70em}.plot{width:100%;min-height:380px}
+table{border-collapse:collapse;font-size:85%;width:100%}th,td{padding:.25em .5em;border-bottom:1px solid #eee;
+text-align:right;white-space:nowrap}td.net{text-align:left;white-space:normal;font-family:monospace}
+th{cursor:pointer;position:sticky;top:0;background:#fafafa;user-select:none}th:hover{background:#eee}
+tr.picked{background:#fff3c4}tbody tr{cursor:pointer}.scroll{max-height:32em;overflow:auto;border:1px solid #ddd}
+#selected{position:fixed;right:1em;bottom:1em;width:min(36em,90vw);max-height:45vh;overflow:auto;background:#fff;
+border:1px solid #bbb;box-shadow:0 2px 12px #0003;padding:.6em 1em;font-size:90%}#selected pre{margin:.3em 0}
+#close{float:right;border:0;background:none;font-size:1.4em;cursor:pointer}.live{color:#2a9d8f}"""

@@ -34,13 +34,21 @@ def summarize(records: Iterable[JournalRecord], *, population_size: int, workers
            "initial_population_best": max(initial, default=None),
            "initial_population_median": statistics.median(initial) if initial else None, "succeeded": succeeded}
     if best:
-        out["best"] = {"id": best.id, "fitness": best.fitness, "params": best.params,
-                       "genome": Genome.from_json(best.genome).describe(), "metrics": best.metrics}
+        genome = Genome.from_json(best.genome)
+        out["best"] = {"id": best.id, "fitness": best.fitness, "params": best.params, "genome": genome.to_json(),
+                       "network": genome.describe(), "metrics": dict(best.metrics)}
     if workers and wall_seconds:
         out["workers"] = workers
         out["wall_seconds"] = round(wall_seconds, 2)
         out["worker_utilization"] = round(busy_seconds / (workers * wall_seconds), 4)
     return out
+
+
+def network(entry: dict) -> str:
+    """An entry's genome as one line: its `network`, or the `genome` itself in a summary.json written before the
+    genome became a dict."""
+    genome = entry["genome"]
+    return entry.get("network") or (genome if isinstance(genome, str) else Genome.from_json(genome).describe())
 
 
 def format_summary(s: dict) -> str:
@@ -51,7 +59,7 @@ def format_summary(s: dict) -> str:
     if s.get("best"):
         b = s["best"]
         lines.append(f"best fitness: {b['fitness']:.4f} (evaluation {b['id']}, {b['params']:,} parameters)")
-        lines.append(f"best network: {b['genome']}")
+        lines.append(f"best network: {network(b)}")
         if dense := _dense_line(b.get("metrics") or {}):
             lines.append(dense)
     if s.get("initial_population_best") is not None:
@@ -61,7 +69,7 @@ def format_summary(s: dict) -> str:
         lines.append(f"Pareto front: {s['pareto_front']} network(s) in front/ (see `galapagos report`)")
     if "worker_utilization" in s:
         lines.append(f"worker utilization: {100 * s['worker_utilization']:.1f}% of {s['workers']} workers over "
-                     f"{s['wall_seconds']:.0f} s")
+                     f"the last job's {s['wall_seconds']:.0f} s wall time (start-up and data loading included)")
     return "\n".join(lines)
 
 
@@ -157,8 +165,8 @@ def run_report(path: str | Path, top: int = 5) -> dict:
         summary.update({k: v for k, v in saved.items() if k in ("workers", "wall_seconds", "worker_utilization",
                                                                     "search_seconds")})
     best = sorted((r for r in records if r.fitness is not None), key=lambda r: -r.fitness)[:top]
-    summary["top"] = [{"id": r.id, "fitness": r.fitness, "status": r.status,
-                       "genome": Genome.from_json(r.genome).describe()} for r in best]
+    summary["top"] = [{"id": r.id, "fitness": r.fitness, "status": r.status, "genome": g.to_json(),
+                       "network": g.describe()} for r in best for g in [Genome.from_json(r.genome)]]
     if (front := run.read_front()) is not None:
         summary["pareto"], summary["pareto_front"] = front, len(front["members"])
     built = EnsembleDir(run.ensemble).metrics
@@ -184,7 +192,7 @@ def format_run_report(report: dict) -> str:
     lines = [format_summary(report)]
     if report["top"]:
         lines.append(f"top {len(report['top'])}:")
-        lines += [f"  {r['id']:>5}  {r['fitness']:.4f}  {r['status']:<6} {r['genome']}" for r in report["top"]]
+        lines += [f"  {r['id']:>5}  {r['fitness']:.4f}  {r['status']:<6} {network(r)}" for r in report["top"]]
     if "pareto" in report:
         lines.append(format_pareto(report))
     if "ensemble" in report:

@@ -9,6 +9,7 @@ An ensemble directory keeps its journal, config and logs the same way: both are 
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -63,11 +64,14 @@ class JournalDir:
         """Where the traceback of a rank that failed unexpectedly goes."""
         return self.logs / f"crash-rank{rank}.txt"
 
-    def record_lost(self, hosts: dict[int, str], nodes: Iterable[str] = ()) -> None:
+    def record_lost(self, hosts: dict[int, str], nodes: Iterable[str] = (), when: dict[int, float] | None = None
+                    ) -> None:
         """Rank 0, before it ends a job that lost worker ranks: their hosts (and the nodes given up whole), which the
-        job's supervisor probes before it starts the ranks again (galapagos/flows/recovery.py)."""
+        job's supervisor probes before it starts the ranks again (galapagos/flows/recovery.py), and when each rank
+        was given up."""
         self.save(self.lost_record, {"time": time.time(), "ranks": {str(r): h for r, h in sorted(hosts.items())},
-                                     "nodes": sorted(nodes)})
+                                     "nodes": sorted(nodes),
+                                     "given_up": {str(r): t for r, t in sorted((when or {}).items())}})
 
     def lost_hosts(self, since: float) -> list[str] | None:
         """The hosts record_lost wrote at `since` or later, or None (no record, or an older job's)."""
@@ -79,12 +83,14 @@ class JournalDir:
             return None
         return sorted({*found.get("ranks", {}).values(), *found.get("nodes", [])} - {""}) or None
 
-    def read_journal(self) -> list[JournalRecord]:
-        """Every finished task so far; a torn last line (the job was killed mid-write) is cut off."""
-        return list(self.iter_journal())
+    def read_journal(self, repair: bool = False) -> list[JournalRecord]:
+        """Every finished task so far, without a torn last line (see iter_journal)."""
+        return list(self.iter_journal(repair))
 
-    def iter_journal(self) -> Iterator[JournalRecord]:
-        """read_journal one record at a time (for a pass over a journal too big to hold)."""
+    def iter_journal(self, repair: bool = False) -> Iterator[JournalRecord]:
+        """read_journal one record at a time (for a pass over a journal too big to hold). A torn last line (the run
+        was killed while writing it, or a live run is writing it now) is not read; `repair` (only the job that is
+        about to write the journal: --resume) cuts it off, which a mere reader of a live run must never do."""
         self.flush()
         if not self.journal.exists():
             return
@@ -96,8 +102,9 @@ class JournalDir:
                 except json.JSONDecodeError:
                     if f.read(1):  # not the last line: the journal was edited or corrupted
                         raise self.damaged(number, "not a JSON line") from None
-                    log.warning("%s:%d: dropping a torn last line (the run was killed while writing it)",
-                                self.journal, number)
+                    if repair:
+                        log.warning("%s:%d: dropping a torn last line (the run was killed while writing it)",
+                                    self.journal, number)
                     break
                 try:
                     record = JournalRecord.from_dict(record)
@@ -105,7 +112,7 @@ class JournalDir:
                     raise self.damaged(number, f"not a journal record: {exc}") from None
                 good += len(line)
                 yield record
-        if good != self.journal.stat().st_size:
+        if repair and good != self.journal.stat().st_size:
             with open(self.journal, "r+b") as f:
                 f.truncate(good)
 
@@ -194,6 +201,7 @@ class RunDir(JournalDir):
         self.report = self.path / "report.json"  # a design's report
         self.ensemble = self.path / "ensemble"  # a design's ensemble directory
         self._found: set[str] | None = _BEGUN  # what open() found in the directory (None: no directory yet)
+        self._made: list[Path] = []  # the missing parent directories open() made, deepest first
         self._lock = None  # this job's lock (hold)
 
     @classmethod
@@ -201,8 +209,6 @@ class RunDir(JournalDir):
         """Refuse a directory that cannot hold this run (before anything is written or any rank starts), or that a
         live run holds (its lock is taken and given back at once)."""
         run = cls(path)
-        if not run.path.parent.exists():
-            raise RunDirError(f"--out {run.path}: parent directory {run.path.parent} does not exist")
         if run.path.exists() and not run.path.is_dir():
             raise RunDirError(f"--out {run.path}: exists and is not a directory")
         if resume:
@@ -210,7 +216,9 @@ class RunDir(JournalDir):
                 raise RunDirError(f"--resume: {run.path} holds no run to resume (no config.toml)")
         elif run.journal.exists() and run.journal.stat().st_size > 0:
             raise RunDirError(f"--out {run.path} already holds a run ({JOURNAL}); use --resume or a new --out")
-        where = run.path if run.path.exists() else run.path.parent
+        where = next(p for p in (run.path, *run.path.parents) if p.exists())  # open() makes the missing parents
+        if not where.is_dir():
+            raise RunDirError(f"--out {run.path}: {where} is not a directory")
         if not os.access(where, os.W_OK | os.X_OK):  # EROFS for root too (access(2))
             readonly = _statvfs_flags(where) & os.ST_RDONLY
             why = os.strerror(errno.EROFS if readonly else errno.EACCES)
@@ -262,6 +270,7 @@ class RunDir(JournalDir):
         holds already is noted, for `discard`."""
         run = cls.check(path, resume=resume)
         run._found = set(os.listdir(run.path)) if run.path.is_dir() else None
+        run._made = [p for p in run.path.absolute().parents if not p.exists()]
         for d in (run.path, run.models, run.logs):
             d.mkdir(parents=True, exist_ok=True)
         return run
@@ -292,6 +301,9 @@ class RunDir(JournalDir):
         self.close()
         if found is None:
             shutil.rmtree(self.path, ignore_errors=True)
+            for parent in self._made:  # deepest first; one that holds something else now stays
+                with contextlib.suppress(OSError):
+                    parent.rmdir()
             return
         for name in set(os.listdir(self.path)) - found:
             entry = self.path / name

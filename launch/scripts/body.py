@@ -20,7 +20,7 @@ STOP_TEXT = ("Clean stop ahead of the wall time: {how}. The trap notes the reque
              "die of it) SIGUSR1 goes on to the launcher, which hands it to every rank: the master stops handing out "
              "tasks, cancels the running ones (not recorded, so a resumed run breeds afresh), writes summary.json "
              "and exits; workers ignore SIGUSR1 and leave when the master stops them. Write the follow-up job with "
-             "`galapagos launch --resume {out}`.")
+             "`galapagos launch --resume --run {out}`.")
 
 STOP_BLOCK = """\
 stop_requested=0

@@ -326,6 +326,6 @@ def load_settings(run_dir: Path) -> dict:
 
     path = job_folder(run_dir) / SETTINGS
     if not path.exists():
-        raise JobScriptError(f"--resume {run_dir}: no {path.relative_to(run_dir)} (was this run started with "
+        raise JobScriptError(f"--run {run_dir}: no {path.relative_to(run_dir)} (was this run started with "
                              "`galapagos launch`?)")
     return tomllib.loads(path.read_text())

@@ -6,7 +6,7 @@ import sys
 from galapagos.flows import evolution
 from galapagos.flows.mpijob import setup_logging
 from galapagos.launch.mpi import world
-from galapagos.launch.runtime import catch_stop_signals
+from galapagos.launch.signals import catch_stop_signals
 from galapagos.launch.session import worker_main
 from galapagos.options import EvolveOptions
 
