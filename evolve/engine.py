@@ -69,11 +69,11 @@ class EvolutionConfig(Table):
     choices = {"strategy": STRATEGIES, "objectives": tuple(OBJECTIVES)}
 
     strategy: str = "evolution"
-    population_size: int = 16
-    tournament_size: int = 4
-    crossover_prob: float = 0.3
+    population_size: int = 16  # the most recent finished results that parents are chosen from (ageing out)
+    tournament_size: int = 4  # genomes drawn from the population per parent; the fittest of them is the parent
+    crossover_prob: float = 0.3  # share of children bred from two parents (the rest: one parent, mutated)
     mutations: tuple[int, int] = (1, 2)
-    seed: int = 0
+    seed: int = 0  # the search's random seed (random genomes, selection, crossover and mutation)
     objectives: tuple[str, ...] = ("fitness",)
     inherit: bool = True  # children start from a parent's trained weights where the layers match
     immigrants: float = 0.25  # share of random genomes among the asks after the initial population

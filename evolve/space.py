@@ -74,13 +74,13 @@ class SearchSpace(Table):
 
     layer_types: tuple[str, ...] = LAYER_TYPES
     min_layers: int = 1
-    max_layers: int = 10
-    channels: tuple[int, ...] = (8, 16, 32, 64)
+    max_layers: int = 10  # the most hidden layers a genome may have
+    channels: tuple[int, ...] = (8, 16, 32, 64)  # filter counts a convolution may have
     kernels: tuple[int, ...] = ()
     strides: tuple[int, ...] = (1, 2)
     pool_sizes: tuple[int, ...] = (2,)
     pool_ops: tuple[str, ...] = POOL_OPS
-    units: tuple[int, ...] = (16, 32, 64, 128, 256)
+    units: tuple[int, ...] = (16, 32, 64, 128, 256)  # widths a dense layer may have
     activations: tuple[str, ...] = ("relu", "gelu", "silu", "tanh")
     dropout: tuple[float, float] = (0.0, 0.5)
     norms: tuple[str, ...] = NORM_KINDS
@@ -88,10 +88,10 @@ class SearchSpace(Table):
     optimizers: tuple[str, ...] = OPTIMIZERS
     losses: tuple[str, ...] = LOSSES  # segmentation only
     lr: tuple[float, float] = (1e-4, 3e-2)
-    batch_sizes: tuple[int, ...] = (32, 64, 128, 256)
+    batch_sizes: tuple[int, ...] = (32, 64, 128, 256)  # training batch sizes a genome may choose
     weight_decay: tuple[float, float] = (1e-6, 1e-2)
     zero_weight_decay_prob: float = 0.2
-    max_params: int = 2_000_000
+    max_params: int = 2_000_000  # a genome with more parameters is repaired (smaller) or never trained
     max_flatten_features: int = 16384
 
     def normalise(self) -> dict[str, Any]:

@@ -26,10 +26,10 @@ class TrainConfig(Table):
 
     section = "train"
 
-    epochs: int = 6
+    epochs: int = 6  # epochs each candidate trains (pruning may stop it sooner)
     max_train_samples: int = 0  # per epoch; 0 = the whole training split
-    eval_batch_size: int = 1024
-    grad_clip: float = 5.0
+    eval_batch_size: int = 1024  # samples per forward pass when scoring on val
+    grad_clip: float = 5.0  # the gradient norm is clipped to this (0 = no clipping)
     mixed_precision: bool = True  # on GPUs only
     builder: str = ""  # "module:function" making each network from its genome; "" = Galapagos's own (GenomeNet)
     inherited_epochs: int = 0  # epochs of a child that inherited at least half its parameters; 0 = epochs

@@ -39,7 +39,7 @@ class RunConfig(Table):
     evaluations: int = 0  # 0 = no limit by count (then budget_minutes must be set)
     budget_minutes: float = 0.0  # 0 = no limit by time
     task_timeout: float = 1800.0  # seconds one candidate may take before it is killed
-    seed: int = 0
+    seed: int = 0  # seeds the val split carved from train, and each candidate's weights and data order
     val_fraction: float = 0.1  # carved from train when the file has no val split
     prune: bool = True  # stop candidates below the median of finished ones at the same epoch
     prune_after: int = 2  # epochs a candidate always gets
@@ -94,13 +94,13 @@ class EnsembleConfig(Table):
     section = "ensemble"
     choices = {"strategy": STRATEGIES}
 
-    members: int = 8
+    members: int = 8  # networks in the ensemble
     strategy: str = "mixed"  # distinct | seeds | mixed (ensemble.members.choose_members)
     epochs: int = 0  # epochs per member; 0 = twice train.epochs (members train to completion, no pruning)
     task_timeout: float = 0.0  # seconds per member; 0 = run.task_timeout scaled by epochs / train.epochs
     max_rounds: int = 50  # selection: the most picks (with replacement)
     init: int = 1  # selection: start from up to this many best members (sorted initialisation)
-    seed: int = 0
+    seed: int = 0  # seeds the members' training (the seeds strategy adds one per member)
 
     def checks(self) -> list[Check]:
         return [("members", self.members >= 1, "at least 1"), ("epochs", self.epochs >= 0, "at least 0"),
@@ -123,7 +123,7 @@ class ReportConfig(Table):
 
     tensorboard: bool = False  # event files in OUT/tensorboard (needs the tensorboard package)
     mlflow_uri: str = ""  # an MLflow tracking URI (http://host:5000, databricks, ...); "" = no MLflow
-    mlflow_experiment: str = "galapagos"
+    mlflow_experiment: str = "galapagos"  # the MLflow experiment the evaluations are logged to
 
     def checks(self) -> list[Check]:
         return [("mlflow_experiment", bool(self.mlflow_experiment.strip()), "a name")]

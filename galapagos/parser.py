@@ -265,6 +265,10 @@ def _add_launch(sub) -> None:
     p.add_argument("--walltime", help="HH:MM (or HH:MM:SS, D-HH:MM, minutes)")
     p.add_argument("--stop-before", type=int, metavar="SECONDS", help="tell the run to stop this long before the "
                    "wall time (default: a tenth of it, 60 to 600 s, worked out again for each follow-up's wall time)")
+    p.add_argument("--max-restarts", type=int, metavar="N", help="the script's supervisor starts the job again "
+                   "after a lost rank or node at most N times (default: 3)")
+    p.add_argument("--min-nodes", type=int, metavar="N", help="... and not on fewer than N nodes that answer "
+                   "(default: 1)")
     p.add_argument("--account", help="the allocation (project) the job is charged to")
     p.add_argument("--queue", help="queue or partition (a site's [queues.NAME] limits are checked)")
     p.add_argument("--qos", help="Slurm quality of service, e.g. regular at NERSC (where a job without one gets "

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from galapagos.launch.mpi import (LABELS, configure_line, library_kind, library_version, offered_pmi, pmi_fix,
-                                  pmi_refused, pmi_spoken, scheduler_of, srun_pmi)
+from galapagos.launch.mpi import (LABELS, configure_line, failures_survivable, library_kind, library_version,
+                                  offered_pmi, pmi_fix, pmi_refused, pmi_spoken, scheduler_of, srun_pmi)
 from galapagos.launch.netcheck import FABRICS, TCP_GBS, node_fabric, transport
 
 # the launcher a scheduler's job scripts start ranks with (launch/scripts/sites.py LAUNCHERS), and what each serves
@@ -344,7 +344,8 @@ def job_report(log: logging.Logger) -> None:
         return
     check_network(report, lib, os.environ, site, "/")
     net = report.facts["network"]
-    log.info("MPI: %s (%s); network: %s (%s), fabric %s", lib["label"], lib["path"] or lib["version"],
-             net["transport"], net["how"], net["fabric"])
+    log.info("MPI: %s (%s); network: %s (%s), fabric %s; a dead worker rank %s", lib["label"],
+             lib["path"] or lib["version"], net["transport"], net["how"], net["fabric"],
+             "leaves the job going (ULFM)" if failures_survivable() else "ends the job (a supervisor restarts it)")
     for line in report.warnings:
         log.warning("doctor: %s", line)

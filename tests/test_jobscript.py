@@ -354,6 +354,25 @@ def test_directives_and_options_are_kept_across_resume(data, tmp_path, capsys):
     assert saved["directives"][-1] == "--comment=second" and saved["qos"] == "regular" and saved["mpi"] == "pmi2"
 
 
+def test_the_restart_policy_is_written_and_kept_for_follow_ups(data, tmp_path, capsys):
+    """--max-restarts and --min-nodes reach the script's `galapagos supervise` line and its comment, and the
+    follow-up of `launch --resume`; out of range they are refused, naming the option."""
+    out_dir = tmp_path / "run"
+    code, out, err = launch(capsys, "--scheduler", "slurm", "--nodes", 4, "--gpus-per-node", 4, "--max-restarts", 5,
+                            "--min-nodes", 3, "--", "evolve", "--data", data, "--out", out_dir, "--evaluations", 10)
+    assert code == 0, err
+    text = written(out)[0].read_text()
+    assert "--max-restarts 5 --min-nodes 3 --" in supervise_line(text) and "at most 5 times" in text
+    code, out, err = launch(capsys, "--resume", "--run", out_dir)
+    assert code == 0, err
+    assert "--max-restarts 5 --min-nodes 3 --" in supervise_line(written(out)[0].read_text())
+    for args, word in ((["--max-restarts", -1], "--max-restarts -1: must be 0 or more"),
+                       (["--min-nodes", 5], "--min-nodes 5: must be 1 to the job's 4 node(s)")):
+        code, out, err = launch(capsys, "--scheduler", "slurm", "--nodes", 4, "--gpus-per-node", 4, *args, "--",
+                                "evolve", "--data", data, "--out", tmp_path / "bad", "--evaluations", 10)
+        assert code == 2 and word in err, err
+
+
 def test_follow_ups_work_out_the_lead_time_from_their_own_wall_time(data, tmp_path, capsys):
     """The lead time (SIGUSR1 ahead of the wall time) of a follow-up with another --walltime is a tenth of that
     wall time again (60 to 600 s), not the first job's; a --stop-before given once is kept."""

@@ -55,6 +55,7 @@ def test_a_dead_worker_rank_leaves_the_job_going(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert len(summary["failed_ranks"]) == 1 and "lost_ranks" not in summary, summary
     assert "MPI reports its process dead" in proc.stderr and "goes back to the queue" in proc.stderr, proc.stderr
+    assert "a dead worker rank leaves the job going (ULFM)" in proc.stderr  # rank 0's doctor line at the start
 
 
 def ulfm_argv(mpiexec: Path, lib: Path, launcher: Path, hosts: str, n: int, argv: list) -> list[str]:

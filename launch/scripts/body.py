@@ -13,7 +13,6 @@ from galapagos.launch.scripts.request import JobRequest, JobScriptError
 from galapagos.launch.scripts.schedulers import SCHEDULERS
 from galapagos.launch.scripts.stage import environment, stage_cleanup, stage_dir, stage_lines, staged_python
 
-MAX_RESTARTS = 3  # restarts a job script's supervisor allows (galapagos/flows/recovery.py MAX_RESTARTS)
 
 STOP_TEXT = ("Clean stop ahead of the wall time: {how}. The trap notes the request; once every rank catches the "
              "signal (the master touches $GALAPAGOS_READY_FILE after all ranks started: a rank still starting would "
@@ -145,10 +144,10 @@ def render(req: JobRequest) -> tuple[str, dict[str, str]]:
                  and not x.startswith("#")]  # what depends on the nodes that answer, and the launcher's variables
     extra[ranks] = _ranks_file(req, ranks, per_start, launch, sched.probe(req))
     lines += ["# -- where the ranks go", *[x for x in place if x not in per_start],
-              *_comment_wrapped(RECOVERY_TEXT.format(name=ranks, restarts=MAX_RESTARTS, min_nodes=1)),
+              *_comment_wrapped(RECOVERY_TEXT.format(name=ranks, restarts=req.max_restarts, min_nodes=req.min_nodes)),
               'node_file="$job_dir/nodes-$$"', *sched.nodes(req), ""]
     supervise = (f'{_program(req)} supervise --nodes "$node_file" --ranks "$job_dir/{ranks}" '
-                 f'--max-restarts {MAX_RESTARTS} --min-nodes 1 -- "${{command[@]}}"')
+                 f'--max-restarts {req.max_restarts} --min-nodes {req.min_nodes} -- "${{command[@]}}"')
     cleanup = 'kill "$watchdog_pid" 2>/dev/null || true\n' if watchdog else ""
     if req.stage:
         lines += [*stage_lines(req.scheduler, lay.nodes, req.stage_env or req.job_dir / "env.tar",

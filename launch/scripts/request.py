@@ -64,6 +64,9 @@ class JobRequest:
     modules: tuple[str, ...] = ()  # the site's module lines (`module load ...`), run before --setup (sites.py)
     route: str = ""  # one line naming the site's MPI route and its page, for the script's comment
     site: str = ""  # the site profile the job was written with (its path), which the script's doctor checks
+    # the script's `galapagos supervise`: restarts after a lost rank or node, and the fewest nodes worth going on with
+    max_restarts: int = 3  # (galapagos/flows/recovery.py MAX_RESTARTS)
+    min_nodes: int = 1
 
     @property
     def job_dir(self) -> Path:
@@ -182,6 +185,11 @@ def build_request(opts: dict, command: tuple[str, ...], out: Path, *, site: dict
     _check_scheduler_options(scheduler, launcher, qos, filesystems, mpi)
     directives = check_directives(scheduler, opts.get("directives") or ())
     check_queue_limits(site, layout.nodes, seconds, [n for n in dict.fromkeys((opts.get("queue"), qos)) if n])
+    restarts, min_nodes = opts.get("max_restarts", 3), opts.get("min_nodes", 1)
+    if isinstance(restarts, bool) or not isinstance(restarts, int) or restarts < 0:
+        raise JobScriptError(f"--max-restarts {restarts!r}: must be 0 or more")
+    if isinstance(min_nodes, bool) or not isinstance(min_nodes, int) or not 1 <= min_nodes <= layout.nodes:
+        raise JobScriptError(f"--min-nodes {min_nodes!r}: must be 1 to the job's {layout.nodes} node(s)")
     stage = opts.get("stage") or ""
     if stage and not stage.startswith(("/", "$")):
         raise JobScriptError(f"--stage {stage!r}: expected an absolute directory on each node's local storage "
@@ -192,7 +200,8 @@ def build_request(opts: dict, command: tuple[str, ...], out: Path, *, site: dict
                       tuple((opts.get("env") or {}).items()), opts.get("setup") or "",
                       opts.get("launcher_args") or "", launcher, after, generated_by, script,
                       qos, filesystems, mpi, directives, given, stage, None, None,
-                      tuple(opts.get("modules") or ()), opts.get("route") or "", opts.get("site") or "")
+                      tuple(opts.get("modules") or ()), opts.get("route") or "", opts.get("site") or "",
+                      restarts, min_nodes)
 
 
 def _check_scheduler_options(scheduler: str, launcher: str, qos: str | None, filesystems: str | None,
@@ -272,7 +281,7 @@ def next_script(job_dir: Path, scheduler: str) -> Path:
 # -- site profiles and saved settings ------------------------------------------------------------------------------
 OPTION_KEYS = ("scheduler", "nodes", "gpus_per_node", "cpus_per_node", "workers_per_node", "walltime", "stop_before",
                "account", "queue", "qos", "job_name", "constraint", "filesystems", "setup", "launcher", "mpi",
-               "launcher_args", "program", "stage")
+               "launcher_args", "program", "stage", "max_restarts", "min_nodes")
 
 
 def job_folder(run_dir: Path) -> Path:
@@ -314,7 +323,7 @@ def save_settings(req: JobRequest, job_id: str | None = None) -> Path:
                 "filesystems": req.filesystems, "setup": req.setup, "launcher": req.launcher or None, "mpi": req.mpi,
                 "launcher_args": req.launcher_args, "program": req.program, "directives": list(req.directives),
                 "stage": req.stage or None, "modules": list(req.modules) or None, "route": req.route or None,
-                "site": req.site or None,
+                "site": req.site or None, "max_restarts": req.max_restarts, "min_nodes": req.min_nodes,
                 "workdir": str(req.workdir), "command": list(req.command), "env": dict(req.env), "jobs": jobs}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(tomli_w.dumps({k: v for k, v in settings.items() if v is not None}))
