@@ -1,11 +1,13 @@
 """The master at whole-machine scale without the machine: rank 0's real loop, driven by simulated workers.
 
-    python -m bench.scale --workers 1000 4608 27648 100000 --minutes 5
+    python -m bench.scale [--workers 1000 27648 75264 127488] [--minutes 5]
 
 `launch/runtime.py: master_serve` runs unchanged with the real evolution source (engine, journal, median pruning,
-kept models, progress) on a simulated communicator of N worker ranks. Each task takes a lognormal time (median
-`--median` seconds, sigma `--sigma`: a heavy tail), reports its fitness after every epoch (so the master judges
-every epoch, as it does pruning), and a few crash or run into their time limit. The clock is virtual: it runs with
+kept models, progress) on a simulated communicator of N worker ranks (the defaults: a small job, Summit's 27,648
+GPUs, Frontier's 75,264 GCDs and Aurora's 127,488 tiles). Each task draws its fate from MIX below: a full training
+takes a lognormal time (median `--median` seconds, sigma `--sigma`: a heavy tail) and reports its fitness after
+each of its EPOCHS epochs; most candidates report a curve that the master's own median rule (`EvolutionSource.judge`)
+prunes as early as it may; a few crash or run into their time limit. The clock is virtual: it runs with
 the master's own real time while the master works and jumps to the next worker event when the master would sleep,
 so a slow master shows as idle workers, and minutes of 27,648 workers cost only the master's own CPU time. What the
 simulated workers do is kept out of both the master's CPU time and its clock; what MPI would cost the master is
@@ -13,14 +15,29 @@ kept in: every message it sends is pickled and every message it receives unpickl
 `Message.recv` do.
 
 Measured per scale, each in a fresh process: the master's CPU time per task (target: under 100 us), the workers'
-utilization from the start to the deadline (busy worker-seconds over workers x time; target: at least 99% at
-27,648), the same in steady state (after every worker got its first task), the seconds of the first round (every
-worker's first task sent) and of the stop after the deadline (cancelling and stopping every worker), journal
-lines per second of append time, and the master's peak resident memory.
+utilization from the start to the deadline (busy worker-seconds over workers x time; target: at least 99%), the
+same in steady state (after every worker got its first task), the seconds of the first round (every worker's first
+task sent) and of the stop after the deadline (cancelling and stopping every worker), the steady task rate and
+rank 0's CPU share at it (the master's CPU seconds per second of the clock in steady state; target: at most half
+a core), journal lines per second of append time, the master's peak resident memory, and the mix as drawn
+(`mix`) and as the master's pruning made it (`by_status`, `pruned_at_epoch`).
+
+The mix. Pruning (`run.prune_after` = 2, `train.epochs` = 6, the defaults) judges a candidate after each epoch
+from the second against the median of the finished candidates' best fitness by that epoch. The simulated curves
+make the real rule give the drawn fate: a full candidate reports 1 - 2^-e after epoch e (the median itself: never
+below it), a candidate drawn to be pruned after epoch k reports 1 - 2^-(k-1) from its first epoch on, at the median
+until epoch k - 1 and below it at epoch k. The rule's peers are those of a run under way: the simulation starts with
+`run.prune_min_results` full candidates' curves known (in the first seconds of a whole-machine job the fastest
+candidates finish and give the rule its peers; were the first finishers counted as drawn, the weak majority of them
+would set the median and the drawn fates would not be met). A cancel stops a simulated task at once, so a
+candidate pruned after epoch 2 takes 2/6 of its training: as short as the rule allows (a real trainer sees the
+cancel at its next epoch's end, one epoch later: the simulation asks more of the master than a real run of this
+mix).
 """
 from __future__ import annotations
 
 import argparse
+import bisect
 import heapq
 import io
 import itertools
@@ -33,6 +50,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
+from typing import NamedTuple
 
 import galapagos.launch.runtime as runtime
 from bench.master_cost import timed_source
@@ -42,9 +61,39 @@ from galapagos.evolve.problem import Problem
 from galapagos.launch.protocol import (Alive, Cancel, Liveness, Progress, RankFailed, Ready, Result, Status, Stop,
                                        Stopped, Task)
 
-EPOCHS = 6
+EPOCHS = 6  # train.epochs' default
+PRUNE_AFTER = 2  # run.prune_after's default: the first epoch the median rule judges
 HEARTBEAT = Liveness().interval  # run.heartbeat's default: seconds of silence after which a worker sends Alive
-CRASH, TIMEOUT = 0.01, 0.005  # fractions of tasks whose trainer dies, or that run into their time limit
+TASK_TIMEOUT = 600.0  # run.task_timeout of the simulated run: ten median trainings
+
+
+class Fate(NamedTuple):
+    name: str
+    share: float  # fraction of the tasks
+    epochs: int  # epochs it reports: all of them, or those after which the rule prunes it; 0: drawn in _run
+    status: Status  # how it ends if the master does not stop it first
+
+
+# What a task does, drawn per task. Seconds are those of its full training (lognormal, `--median`, `--sigma`)
+# times the share of the epochs it runs. The fractions follow the journals of real runs with the default pruning:
+# bench.search's 8-minute evolution runs pruned 73-82% of their candidates (bench/history/search.md: 980 of 1,281,
+# 677 of 902, 86 of 109, 84 of 102, 56 of 72, 41 of 56), and the demo run's journal (runs/demo, 129 evaluations)
+# shows 90% of its pruned candidates stopped at the first epoch the rule judges, the rest spread over the later ones.
+MIX = (
+    Fate("pruned@2", 0.690, 2, Status.OK),  # most pruned candidates: stopped after 2 of 6 epochs, the earliest
+    Fate("pruned@3", 0.040, 3, Status.OK),  # the rest of the pruned 76.5% (the runs' middle), one epoch later each
+    Fate("pruned@4", 0.020, 4, Status.OK),
+    Fate("pruned@5", 0.015, 5, Status.OK),
+    Fate("full", 0.220, EPOCHS, Status.OK),  # trained to the end: the runs' 18-27% finished
+    Fate("crash", 0.010, 0, Status.CRASHED),  # trainer dies at a uniform point of its training (out of memory, ...)
+    Fate("timeout", 0.005, 0, Status.TIMEOUT),  # too slow a network: runs the whole run.task_timeout
+)
+assert abs(sum(f.share for f in MIX) - 1.0) < 1e-9
+
+
+def curve_value(epoch: int) -> float:
+    """A full candidate's fitness after `epoch` epochs (exact in binary: the median rule compares equal values)."""
+    return 1.0 - 0.5 ** epoch
 
 
 class Clock:
@@ -134,10 +183,16 @@ class SimComm:
         self.seq = itertools.count()
         self.free_at = [0.0] * (workers + 1)  # when each worker finishes what it holds
         self.cancelled: set[int] = set()
-        self.last: dict[int, tuple[float, float]] = {}  # running task id -> (when it started, its fitness by now)
+        self.last: dict[int, tuple[float, list]] = {}  # running task id -> (when it started, its curve)
         self.spans: dict[tuple[int, int], list] = {}  # (task id, worker) -> [start, end, worker] of its time on it
         self.first_task: dict[int, float] = {}  # worker -> when its first task started
         self.dead: dict[int, float] = {}  # worker -> when its node died
+        self.fates: Counter = Counter()  # drawn fate -> tasks
+        self.pruned_at: Counter = Counter()  # epochs reported -> tasks the master pruned after them
+        self.answered = 0  # results the master received
+        self.reported: dict[int, int] = {}  # running task id -> epochs it reported to the master
+        self.samples: list[tuple[float, float, int]] = []  # (clock, the master's CPU seconds so far, answered)
+        self._cdf = list(itertools.accumulate(f.share for f in MIX))
         now = clock.time()
         for rank in range(1, workers + 1):
             self._push(now, Ready(rank, self.host(rank), "cuda:0"))
@@ -166,8 +221,24 @@ class SimComm:
 
     def improbe(self, source=None, tag=None):
         with self.clock.aside():
+            self._sample()
             data = self._arrived()
         return None if data is None else Message(data)
+
+    def _sample(self) -> None:
+        """Once a second of the clock: the master's CPU time so far (less the simulation's) and results so far."""
+        now = self.clock.time()
+        if not self.samples or now >= self.samples[-1][0] + 1.0:
+            self.samples.append((now, time.process_time() - self.clock.simulation_cpu(), self.answered))
+
+    def steady(self, begin: float, end: float) -> tuple[float, float]:
+        """(results per second, the master's CPU seconds per second) between the samples nearest inside [begin,
+        end]."""
+        inside = [s for s in self.samples if begin <= s[0] <= end]
+        if len(inside) < 2 or inside[-1][0] - inside[0][0] < 1.0:
+            return 0.0, 0.0
+        (t0, cpu0, n0), (t1, cpu1, n1) = inside[0], inside[-1]
+        return (n1 - n0) / (t1 - t0), (cpu1 - cpu0) / (t1 - t0)
 
     def _arrived(self) -> bytes | None:
         while self.events and self.events[0][0] <= self.clock.time():
@@ -181,6 +252,11 @@ class SimComm:
                     continue
             elif isinstance(obj, Progress) and obj.id in self.cancelled:
                 continue
+            if isinstance(obj, Result):
+                self.answered += 1
+                self.reported.pop(obj.id, None)
+            elif isinstance(obj, Progress):
+                self.reported[obj.id] = obj.metrics["epoch"]
             return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
         return None
 
@@ -196,6 +272,7 @@ class SimComm:
     def send(self, obj, dest: int, tag=None) -> None:
         data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)  # the master's share of an MPI send
         with self.clock.aside():
+            self._sample()
             self._receive(_WorkerUnpickler(io.BytesIO(data)).load(), dest)
 
     def _receive(self, obj, dest: int) -> None:
@@ -204,7 +281,11 @@ class SimComm:
             self._run(obj, dest, now)
         elif isinstance(obj, Cancel):
             self.cancelled.add(obj.id)
-            started, fitness = self.last.get(obj.id, (now, None))
+            started, curve = self.last.get(obj.id, (now, []))
+            reported = self.reported.pop(obj.id, 0)
+            fitness = max(curve[:reported], default=None)
+            if obj.status == Status.PRUNED:
+                self.pruned_at[reported] += 1
             self._push(now, Result(obj.id, dest, "", obj.status, fitness if obj.status == Status.PRUNED else None,
                                    started, now))
             self.free_at[dest] = now  # its queue moves on at once (prefetch is 0 for minute-long tasks)
@@ -223,37 +304,49 @@ class SimComm:
                 beat += HEARTBEAT
             last = when
 
+    def _fate(self) -> Fate:
+        return MIX[min(bisect.bisect(self._cdf, self.rng.random()), len(MIX) - 1)]
+
     def _run(self, task: Task, rank: int, now: float) -> None:
+        """Schedule what the worker sends for `task` (see MIX): every epoch's Progress, then its Result, unless a
+        cancel comes first."""
         start = max(now, self.free_at[rank])
         self.first_task.setdefault(rank, start)
-        seconds = self.rng.lognormvariate(self.mu, self.sigma)
+        training = self.rng.lognormvariate(self.mu, self.sigma)  # its full training's seconds
         quality = self.rng.random()
-        fate = self.rng.random()
-        if fate < TIMEOUT:
-            seconds, status = task.time_limit, Status.TIMEOUT
-        elif fate < TIMEOUT + CRASH:
-            seconds, status = seconds * self.rng.random(), Status.CRASHED
-        else:
-            status = Status.OK
-        epochs = EPOCHS if status == Status.OK else int(EPOCHS * self.rng.random())
-        for epoch in range(1, epochs + 1):
-            fitness = quality * (1 - 0.5 ** epoch)
-            self._push(start + seconds * epoch / EPOCHS, Progress(task.id, rank, {"epoch": epoch, "fitness":
-                                                                                  fitness}))
+        fate = self._fate()
+        self.fates[fate.name] += 1
+        seconds, status, epochs = training, fate.status, EPOCHS
+        curve = [curve_value(e) for e in range(1, EPOCHS + 1)]
+        if fate.status == Status.TIMEOUT:
+            seconds = task.time_limit
+            epochs = int(EPOCHS * self.rng.random())
+            training = seconds * EPOCHS / (epochs + 1)  # its epochs are slow: the limit comes first
+        elif fate.status == Status.CRASHED:
+            seconds = training * self.rng.random()
+            epochs = int(EPOCHS * seconds / training)
+        elif fate.epochs < EPOCHS:  # pruned after epoch `fate.epochs` by the master's rule (else it runs on)
+            curve = [curve_value(fate.epochs - 1)] * EPOCHS
+        if status == Status.OK:
+            curve[-1] += 0.5 ** EPOCHS * quality  # the final fitness ranks the candidates for the engine
+        times = [start + training * e / EPOCHS for e in range(1, epochs + 1)]
+        for epoch, when in enumerate(times, 1):
+            self._push(when, Progress(task.id, rank, {"epoch": epoch, "fitness": curve[epoch - 1]}))
         end = start + seconds
-        self._beats(rank, start, [start + seconds * epoch / EPOCHS for epoch in range(1, epochs + 1)] + [end])
-        fitness = quality * (1 - 0.5 ** EPOCHS) if status == Status.OK else None
-        self.last[task.id] = (start, quality * 0.5)
-        self.spans[task.id, rank] = [start, start + seconds, rank]
+        self._beats(rank, start, times + [end])
+        fitness = curve[-1] if status == Status.OK else None
+        self.last[task.id] = (start, curve)
+        self.spans[task.id, rank] = [start, end, rank]
         self._push(end, Result(task.id, rank, self.host(rank), status, fitness, start, end,
                                {"epochs": epochs} if fitness is not None else {}))
         self.free_at[rank] = end
 
 
 def one(workers: int, minutes: float, median: float, sigma: float, breeder_workers: int | None = None, *,
-        per_node: int = 4, kill_at: float | None = None, reported: bool = False) -> dict:
+        per_node: int = 4, kill_at: float | None = None, reported: bool = False, keep: str | None = None) -> dict:
     """One scale, in this process: the master served for `minutes` of virtual time. `kill_at`: minutes after the
-    start at which one node (the middle one) dies, `reported` by MPI (ULFM) or found by its silence."""
+    start at which one node (the middle one) dies, `reported` by MPI (ULFM) or found by its silence. `keep`: a
+    folder where the run directory (`keep`/run) stays, instead of a temporary one."""
     clock = Clock()
     comm = SimComm(workers, clock, median, sigma, seed=0, per_node=per_node)
 
@@ -268,13 +361,17 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
                 clock.jump(when)
 
     problem = Problem((3, 32, 32), "classification", 10)
-    config = load_config(None, ["evolution.population_size=64", "run.task_timeout=600"]
+    config = load_config(None, ["evolution.population_size=64", f"run.task_timeout={TASK_TIMEOUT}",
+                                f"run.prune_after={PRUNE_AFTER}", f"train.epochs={EPOCHS}"]
                          + ([] if breeder_workers is None else [f"evolution.breeder_workers={breeder_workers}"]))
     saved = runtime.time, runtime.Backoff
     runtime.time, runtime.Backoff = clock, Backoff  # master_serve reads time.time() only
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            source, appends = timed_source(tmp, problem, config, workers)
+            source, appends = timed_source(keep or tmp, problem, config, workers)
+            for inherited in (False, True):  # the peers the median rule has once the run is under way (see MIX)
+                for epoch in range(1, EPOCHS + 1):
+                    source.by_epoch[inherited, epoch] = [curve_value(epoch)] * config.run.prune_min_results
             if isinstance(source.engine, Ahead):  # its start overlaps sharing the data in a run: let it start
                 source.engine.up.poll(START_WAIT)
             start = clock.time()
@@ -284,6 +381,7 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
                 state = runtime.master_serve(comm, source, deadline=start + 60 * minutes, prefetch=0)
             finally:
                 source.engine.close()
+                source.run.close()  # the journal on disk, as the session's end leaves it
             cpu = time.process_time() - cpu - clock.simulation_cpu()
             wall = clock.time() - start
             helper = resource.getrusage(resource.RUSAGE_CHILDREN)  # the breeding helper, if any
@@ -293,6 +391,7 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
     done = source.done
     ramp = max(comm.first_task.values()) - start
     end = min(start + wall, start + 60 * minutes)  # the deadline: what follows is the job's stop
+    rate, share = comm.steady(start + ramp, end)
     return {"workers": workers, "virtual_minutes": round(wall / 60, 2), "tasks": done,
             "master_cpu_us_per_task": round(1e6 * cpu / max(done, 1), 1),
             "breeder_cpu_us_per_task": round(1e6 * helper_cpu / max(done, 1), 1),
@@ -300,9 +399,14 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
             "ramp_seconds": round(ramp, 2),
             "steady_utilization": round(comm.utilization(start + ramp, end), 4),
             "stop_seconds": round(start + wall - end, 2),
+            "steady_tasks_per_s": round(rate, 1),
+            "master_cpu_share_steady": round(share, 3),
+            "breeder_cpu_share": round(helper_cpu / max(wall, 1e-9), 3),
             "journal_lines_per_s": round(len(appends) / max(sum(appends), 1e-9)),
             "master_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             "by_status": dict(source.by_status),
+            "mix": dict(comm.fates),
+            "pruned_at_epoch": dict(sorted(comm.pruned_at.items())),
             "lost": len(state.lost),
             **(_after_death(comm, source, state, dead, start + 60 * kill_at, end) if dead else {})}
 
@@ -322,7 +426,7 @@ def _after_death(comm: SimComm, source, state, dead: list[int], died: float, end
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.scale", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workers", type=int, nargs="+", default=[1000, 4608, 27648, 100000])
+    p.add_argument("--workers", type=int, nargs="+", default=[1000, 27648, 75264, 127488])
     p.add_argument("--minutes", type=float, default=5.0, help="virtual minutes of search per scale")
     p.add_argument("--median", type=float, default=60.0, help="median seconds of a task")
     p.add_argument("--sigma", type=float, default=0.6, help="lognormal sigma of task seconds (tail)")

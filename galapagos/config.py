@@ -62,6 +62,17 @@ class RunConfig(Table):
     heartbeat: float = 10.0
     worker_timeout: float = 30.0
     master_timeout: float = 60.0
+    pack: int = 1  # candidates each worker rank trains at once on its device, each in a trainer child of its own;
+    # "auto" (stored as 0): on a GPU as many as the first candidate's measured memory lets fit, at most 8 and one per
+    # core of the rank; on a CPU-only worker 1, its node's cores being split between its ranks (launch/packing.py)
+
+    def normalise(self) -> dict:
+        return {"pack": 0} if self.pack == "auto" else {}
+
+    @property
+    def packing(self) -> int | str:
+        """run.pack as the workers' Setup takes it: a count, or "auto"."""
+        return self.pack or "auto"
 
     def liveness(self, master_file: Path) -> Liveness:
         """The heartbeat settings the workers get with their setup; `master_file`: RunDir.master_heartbeat."""
@@ -78,6 +89,7 @@ class RunConfig(Table):
                 ("chunk_mib", 1 <= self.chunk_mib <= 2047, "an integer in [1, 2047]"),
                 ("readers", self.readers >= 0, "at least 0 (0 = every node's leader)"),
                 ("prefetch", self.prefetch >= -1, "at least -1 (-1 = one while tasks are short)"),
+                ("pack", self.pack >= 0, 'at least 1, or "auto"'),
                 ("lost_grace", self.lost_grace > 0, "more than 0 seconds"),
                 ("heartbeat", self.heartbeat > 0, "more than 0 seconds"),
                 ("worker_timeout", self.worker_timeout >= 3 * self.heartbeat,

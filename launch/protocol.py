@@ -71,6 +71,7 @@ class Setup:
     chunk_bytes: int = 64 << 20  # for data given as in-memory arrays; a Plan carries its own
     want: dict | None = None  # what each worker asks of the shared arrays (datashare.share.share); None: all
     liveness: Liveness = field(default_factory=Liveness)
+    pack: int | str = 1  # candidates each worker rank trains at once on its device, or "auto" (run.pack)
 
 
 @dataclass(frozen=True)
@@ -101,9 +102,13 @@ class Stop:
 # -- worker -> master ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Ready:
+    """A worker rank is ready for `capacity` tasks at once (run.pack). Sent again when the capacity changes (an
+    "auto" pack, once its first candidate's memory is measured): the master keeps the tasks it holds."""
+
     rank: int
     host: str
     device: str
+    capacity: int = 1
 
 
 @dataclass(frozen=True)

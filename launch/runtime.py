@@ -53,42 +53,54 @@ class TaskSource(Protocol):
 
 
 class Slots:
-    """How many tasks each worker rank holds, with the ranks bucketed by that count, so that the least loaded rank
-    is found without looking at every rank: at whole-machine scale (tens of thousands of workers) a sort of all
-    of them per dispatch would fill the master's time (bench/scale.py). The buckets are OrderedDicts, whose first
-    entry is found through their linked list: a plain dict's `next(iter(d))` steps over the holes that every rank
-    leaving the bucket leaves behind, until the dict happens to resize (after the first round of 100,000 workers,
-    the empty idle bucket held 100,000 of them: 40-70 us a dispatch instead of 4)."""
+    """How many tasks each worker rank holds, with the ranks bucketed by that count less their capacity (run.pack),
+    so that the least loaded rank is found without looking at every rank: at whole-machine scale (tens of thousands
+    of workers) a sort of all of them per dispatch would fill the master's time (bench/scale.py). The buckets are
+    OrderedDicts, whose first entry is found through their linked list: a plain dict's `next(iter(d))` steps over
+    the holes that every rank leaving the bucket leaves behind, until the dict happens to resize (after the first
+    round of 100,000 workers, the empty idle bucket held 100,000 of them: 40-70 us a dispatch instead of 4). A rank
+    of capacity k holding n tasks is in bucket n - k + 1: with k = 1, as before packing, the count it holds."""
 
     def __init__(self) -> None:
         self.held: dict[int, int] = {}
-        self.by_count: dict[int, OrderedDict[int, None]] = defaultdict(OrderedDict)  # count -> its ranks, in order
+        self.spare: dict[int, int] = {}  # rank -> its capacity less one
+        self.by_count: dict[int, OrderedDict[int, None]] = defaultdict(OrderedDict)  # load -> its ranks, in order
+        self.lowest, self.idle = 0, 0  # the lowest load a rank can have (1 - the largest capacity); ranks holding none
 
-    def add(self, rank: int) -> None:
+    def add(self, rank: int, capacity: int = 1) -> None:
+        """A rank ready for `capacity` tasks at once; one already here keeps what it holds (a new capacity)."""
+        n = self.held.get(rank, 0)
         self.remove(rank)
-        self.held[rank] = 0
-        self.by_count[0][rank] = None
+        self.held[rank], self.spare[rank] = n, capacity - 1
+        self.by_count[n - capacity + 1][rank] = None
+        self.lowest = min(self.lowest, 1 - capacity)
+        self.idle += n == 0
 
     def remove(self, rank: int) -> None:
         if (n := self.held.pop(rank, None)) is not None:
-            del self.by_count[n][rank]
+            del self.by_count[n - self.spare.pop(rank)][rank]
+            self.idle -= n == 0
 
     def change(self, rank: int, delta: int) -> None:
-        n = self.held[rank]
-        del self.by_count[n][rank]
+        n, spare = self.held[rank], self.spare[rank]
+        del self.by_count[n - spare][rank]
         self.held[rank] = n + delta
-        self.by_count[n + delta][rank] = None
+        self.by_count[n + delta - spare][rank] = None
+        self.idle += (n + delta == 0) - (n == 0)
+
+    def capacity(self, rank: int) -> int:
+        return self.spare.get(rank, 0) + 1
 
     def least_loaded(self, most: int) -> int | None:
-        """A rank holding the fewest tasks, if that is at most `most`."""
-        for n in range(most + 1):
+        """A rank of the lowest load (tasks held less its capacity, plus one), if that is at most `most` (queued)."""
+        for n in range(self.lowest, most + 1):
             if self.by_count[n]:
                 return next(iter(self.by_count[n]))
         return None
 
     @property
     def busy(self) -> int:
-        return len(self.held) - len(self.by_count[0])
+        return len(self.held) - self.idle
 
 
 @dataclass
@@ -214,7 +226,7 @@ class _Serving:
             self.lose(obj.rank, time.time(), "failed", obj.error)
         elif isinstance(obj, Ready):
             state.hosts[obj.rank], state.devices[obj.rank] = obj.host, obj.device
-            self.slots.add(obj.rank)
+            self.slots.add(obj.rank, obj.capacity)
             self.heard[obj.rank] = time.time()
 
     def ended(self, now: float) -> bool:
@@ -285,8 +297,8 @@ class _Serving:
                                      error=error))
 
     def give_up_silent_ranks(self, now: float) -> None:
-        """A rank whose running task (the first it holds: they run in order) is past its time limit plus the
-        grace has stopped answering (its supervisor would have reported the timeout): its tasks end as LOST.
+        """A rank whose running task (of the first `capacity` it holds: they start in order) is past its time limit
+        plus the grace has stopped answering (its supervisor would have reported the timeout): its tasks end as LOST.
         Only tasks whose earliest such time has come are looked at (`watch`), not every running task: at
         whole-machine scale a scan of all of them each second took more of the master than dispatch did."""
         watch, running, grace = self.watch, self.state.running, self.grace
@@ -295,7 +307,8 @@ class _Serving:
             if task_id not in running:
                 continue
             rank, task = running[task_id]
-            began = max(self.sent[task_id], self.heard.get(rank, 0.0)) if self.order[rank][0] == task_id else now
+            running_now = task_id in self.order[rank][:self.slots.capacity(rank)]  # a packed rank runs several
+            began = max(self.sent[task_id], self.heard.get(rank, 0.0)) if running_now else now
             if now <= began + task.time_limit + grace:  # started late, or not yet: look again when it may be due
                 heapq.heappush(watch, (began + task.time_limit + grace, task_id))
                 continue

@@ -21,11 +21,11 @@ from galapagos.datashare.share import DataShareError, Shared, share
 from galapagos.datashare.shm import remove_stale
 from galapagos.launch.heartbeat import MasterSilent, MasterWatch, Pulse
 from galapagos.launch.mpi import Backoff, failed_ranks, node_comm
+from galapagos.launch.packing import Pack
 from galapagos.launch.placement import Placement, node_placement
 from galapagos.launch.protocol import (EXIT_BAD_INPUT, EXIT_CRASH, EXIT_LOST, TAG, Cancel, Liveness, RankFailed, Ready,
                                       Setup, SetupFailed, Stop, Stopped, Task)
 from galapagos.launch.runtime import MasterState, TaskSource, master_serve
-from galapagos.launch.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -99,7 +99,7 @@ def worker_main(comm: Any, preload: str | None = None) -> int:
     seconds from a shared file system) while rank 0 checks its inputs and the data is shared."""
     # A scheduler's SIGUSR1 ahead of the wall time is for the master; ignored here, and so in the trainer children.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
-    supervisor = Supervisor(comm.rank, preload or "")
+    supervisor = Pack(comm.rank, preload or "")
     try:
         try:
             if preload:
@@ -132,7 +132,7 @@ def worker_main(comm: Any, preload: str | None = None) -> int:
         supervisor.stop()
 
 
-def _start(comm: Any, supervisor: Supervisor) -> tuple[Shared, str, Liveness, MasterWatch | None] | int:
+def _start(comm: Any, supervisor: Pack) -> tuple[Shared, str, Liveness, MasterWatch | None] | int:
     """The worker's part of the job's start: (its hold on the shared data, its device, the job's heartbeat
     settings, and the watch on rank 0's heartbeat of the first worker rank of each node), or the exit code when the
     job cannot start (bad input: rank 0 says why)."""
@@ -150,8 +150,9 @@ def _start(comm: Any, supervisor: Supervisor) -> tuple[Shared, str, Liveness, Ma
     node = node_comm(comm)
     try:
         placement = _placement(comm, node)
-        supervisor.place(setup.task_fn, cores=list(placement.cores), device=placement.device, log_path=log_path)
-        supervisor.start()  # if not started yet: the trainer child imports its task function while the data is shared
+        supervisor.place(setup.task_fn, cores=list(placement.cores), device=placement.device, log_path=log_path,
+                         pack=setup.pack)
+        supervisor.start()  # if not started yet: the trainer children import their task function while data is shared
         shared = share(comm, node, want=setup.want)
     except DataShareError:
         return EXIT_BAD_INPUT  # every rank has the same error; the master reports it
@@ -181,14 +182,16 @@ def start_failed(comm: Any, exc: Exception) -> NoReturn:
     flush_then_abort(comm, EXIT_CRASH)
 
 
-def worker_serve(comm: Any, supervisor: Supervisor, device: str, liveness: Liveness | None = None,
+def worker_serve(comm: Any, supervisor: Pack, device: str, liveness: Liveness | None = None,
                  watch: MasterWatch | None = None) -> None:
     """Serve the master until STOP: receive tasks and cancels, stream progress and results back, and Alive when
     nothing else went for a heartbeat's interval (also while the supervisor waits for its trainer child to start).
-    `watch`: rank 0's heartbeat file, on the first worker rank of each node; MasterSilent once it stands still."""
+    `watch`: rank 0's heartbeat file, on the first worker rank of each node; MasterSilent once it stands still.
+    Ready says how many tasks the rank runs at once, and again when that changes (an "auto" pack sized itself)."""
     pulse = Pulse(comm, (liveness or Liveness()).interval)
     supervisor.waiting = pulse.beat
-    comm.send(Ready(comm.rank, socket.gethostname(), device), dest=0, tag=TAG)
+    capacity = supervisor.capacity
+    comm.send(Ready(comm.rank, socket.gethostname(), device, capacity), dest=0, tag=TAG)
     backoff = Backoff()
     try:
         while True:
@@ -206,6 +209,9 @@ def worker_serve(comm: Any, supervisor: Supervisor, device: str, liveness: Liven
                     events += supervisor.cancel(obj.id, obj.status)
             # While a task runs, wait on the child's pipe (select: no CPU) rather than sleeping blind.
             events += supervisor.poll(0.0 if msg is not None else (0.01 if supervisor.busy else 0.0))
+            if supervisor.capacity != capacity:
+                capacity = supervisor.capacity
+                events.append(Ready(comm.rank, socket.gethostname(), device, capacity))
             for ev in events:
                 comm.send(ev, dest=0, tag=TAG)
             if events:

@@ -102,3 +102,49 @@ def kills_one_rank(payload, ctx):
         return slow_quick(payload, ctx)
     os.kill(os.getppid(), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def noted(payload, ctx):
+    """Notes its start and end in `payload["dir"]` (a file per task: id, start, end), holding its worker for
+    `payload["seconds"]`: packing tests read the overlaps. A task whose id is in `payload["reporters"]` reports
+    epochs until cancelled instead."""
+    from pathlib import Path
+
+    note = Path(payload["dir"]) / f"task-{ctx.task_id}"
+    start = time.time()
+    note.write_text(f"{ctx.task_id} {start} running {os.getpid()}\n")
+    if ctx.task_id in payload.get("reporters", ()):
+        reporter(payload, ctx)
+    time.sleep(payload["seconds"])
+    note.write_text(f"{ctx.task_id} {start} {time.time()} {os.getpid()}\n")
+    return {"fitness": 1.0}
+
+
+def oom_when_crowded(payload, ctx):
+    """Raises torch.cuda.OutOfMemoryError (constructible without a GPU) while another task of the run is running,
+    as a candidate that does not fit beside others would; alone it ends well, unless `payload["always"]`."""
+    from pathlib import Path
+
+    import torch
+
+    here = Path(payload["dir"])
+    note = here / f"running-{ctx.task_id}"
+    note.touch()
+    try:
+        time.sleep(payload["seconds"])
+        others = [p for p in here.glob("running-*") if p != note]
+        if ctx.task_id == payload.get("victim") and (others or payload.get("always")):
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+    finally:
+        note.unlink()
+    return {"fitness": 1.0}
+
+
+def noting(payload, ctx):
+    """`slow_quick` (an evolve task), noting its start and end in $GALAPAGOS_TEST_NOTES (a file per task)."""
+    from pathlib import Path
+
+    start = time.time()
+    out = slow_quick(payload, ctx)
+    (Path(os.environ["GALAPAGOS_TEST_NOTES"]) / f"task-{ctx.task_id}").write_text(f"{start} {time.time()}\n")
+    return out

@@ -193,7 +193,8 @@ def start_workers(session: MasterSession, job: EnsembleJob) -> None:
             write_json(job.out.plan, [s.to_dict() for s in job.specs])
         plan, memory, _ = dataset_plan(job.data, ("train", "val"), val_fraction=run.val_fraction, seed=run.seed,
                                        chunk_bytes=run.chunk_mib << 20, readers=run.readers or "node")
-    session.start(Setup(run.task, str(job.out.logs), liveness=run.liveness(job.out.master_heartbeat)), plan, memory)
+    session.start(Setup(run.task, str(job.out.logs), liveness=run.liveness(job.out.master_heartbeat),
+                        pack=run.packing), plan, memory)
 
 
 def master_build(session: MasterSession, job: EnsembleJob) -> dict | None:

@@ -11,6 +11,7 @@ import threading
 import time
 
 import galapagos.launch.session as session
+from galapagos.launch.supervisor import Supervisor
 from galapagos.launch.mpi import world
 from galapagos.launch.protocol import Setup, Task
 
@@ -53,7 +54,7 @@ def stop_soon(comm):
 
 def fail_at_second_task(comm):
     """Rank 2's supervisor raises when handed its second task (as a bug in the worker rank's own code would)."""
-    submit = session.Supervisor.submit
+    submit = Supervisor.submit
     handed = []
 
     def failing(self, task):
@@ -61,7 +62,7 @@ def fail_at_second_task(comm):
         if comm.rank == 2 and len(handed) == 2:
             raise RuntimeError("injected worker failure")
         return submit(self, task)
-    session.Supervisor.submit = failing
+    Supervisor.submit = failing
 
 
 def fail_at_start(comm):
