@@ -14,6 +14,7 @@ from galapagos import api
 from galapagos.datashare.rules import CLASS_TASKS
 from galapagos.errors import NoResult
 from galapagos.flows.mpijob import JobFailed, WorkerExit, setup_logging, user_errors
+from galapagos.flows.recovery import lost_ranks
 from galapagos.launch.protocol import EXIT_BAD_INPUT, EXIT_LOST, EXIT_NO_RESULT
 from galapagos.options import EnsembleOptions, EvolveOptions, PredictOptions
 from galapagos.parser import build_parser
@@ -37,12 +38,11 @@ def cmd_evolve(args) -> int:
 
 
 def stop_code(result: dict | None) -> int:
-    """0; EXIT_LOST when worker ranks stopped answering or failed (what they held is recorded as lost); 130 when
-    Ctrl-C stopped the job (cleanly: what was done is kept)."""
-    lost = (result or {}).get("lost_ranks") or (result or {}).get("evolution", {}).get("lost_ranks")
-    if lost:
-        print(f"worker rank(s) {', '.join(map(str, lost))} stopped answering or failed; their tasks are recorded as "
-              "lost and the job was ended", file=sys.stderr)
+    """0; EXIT_LOST when worker ranks stopped answering or failed (their tasks went to the other workers, the job
+    was ended since MPI would wait for them); 130 when Ctrl-C stopped the job (cleanly: what was done is kept)."""
+    if lost := lost_ranks(result):
+        print(f"worker rank(s) {', '.join(map(str, lost))} stopped answering or failed; their tasks went back to the "
+              "queue and the job was ended", file=sys.stderr)
         return EXIT_LOST
     return 128 + signal.SIGINT if result and result.get("stopped_by") == "SIGINT" else 0
 

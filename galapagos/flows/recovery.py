@@ -177,8 +177,7 @@ def restart_locally(name: str, opts: Any, workers: int, start: Callable[..., dic
             last["failed"], last["result"] = exc, None
             return exc.code, exc.code == 128 + signal.SIGINT or bool(getattr(exc, "stopped", False))
         last["failed"], last["result"] = None, result
-        lost = (result or {}).get("lost_ranks") or (result or {}).get("evolution", {}).get("lost_ranks")
-        return (EXIT_LOST, False) if lost and not _finished(result) else (0, False)
+        return (EXIT_LOST, False) if lost_ranks(result) and not _finished(result) else (0, False)
 
     outcome = supervise(attempt, ["localhost"], None, policy, resume=bool(getattr(opts, "resume", False)))
     if outcome.gave_up:
@@ -187,6 +186,12 @@ def restart_locally(name: str, opts: Any, workers: int, start: Callable[..., dic
     if last["failed"] is not None:
         raise last["failed"]
     return last["result"]
+
+
+def lost_ranks(result: dict | None) -> list[int]:
+    """The worker ranks a job's result (an evolve, ensemble or design result) says were given up as silent."""
+    result = result or {}
+    return result.get("lost_ranks") or result.get("evolution", {}).get("lost_ranks") or []
 
 
 def _finished(result: dict | None) -> bool:

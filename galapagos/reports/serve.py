@@ -17,25 +17,28 @@ from pathlib import Path
 from galapagos.errors import RunDirError, UsageError
 from galapagos.reports import html
 from galapagos.store.ensembledir import is_ensemble
-from galapagos.store.rundir import RunDir
+from galapagos.store.rundir import JournalDir, RunDir
 
 log = logging.getLogger(__name__)
 DATA = "live.json"  # the page polls it (not the run directory's data.json)
 
 
 class Report:
-    """The page and its data for one directory; the data remade only when the journal's complete lines change."""
+    """The page and its data for one directory; the data remade only when the journal has grown (a stat, not a
+    second read of the whole journal per poll)."""
 
     def __init__(self, path: str | Path, compare: str | Path | None = None):
         self.path, self.compare, self.lock = Path(path), compare, threading.Lock()
+        self.journal = JournalDir(path).journal
         self.data: dict | None = None
+        self.seen = -1  # the journal's size when `data` was made
         self.ensemble: dict | None = None
 
     def current(self) -> dict:
         with self.lock:
-            _, size = html.read_records(self.path)
-            if self.data is None or self.data["version"] != size or self.data["kind"] == "ensemble":
-                self.data = html.payload(self.path, self.compare, ensemble=False)
+            size = self.journal.stat().st_size if self.journal.exists() else 0
+            if self.data is None or self.seen != size or self.data["kind"] == "ensemble":
+                self.data, self.seen = html.payload(self.path, self.compare, ensemble=False), size
             return self.data
 
     def page(self) -> str:
