@@ -26,7 +26,7 @@ from galapagos.evolve.build import build_model
 from galapagos.evolve.check import count_params
 from galapagos.evolve.engine import Engine
 from galapagos.evolve.problem import Problem
-from galapagos.flows.evolution import breeder
+from galapagos.flows.evolution import breeder, first_draws
 from galapagos.flows.evolution_source import EvolutionSource
 from galapagos.launch.protocol import Result, Status
 from galapagos.store.journal import JournalRecord
@@ -39,8 +39,9 @@ def timed_source(tmp: str, problem: Problem, config, workers: int = 1) -> tuple[
     """Rank 0's evolution source for a job of `workers` on a new run directory under `tmp`, and the list that gets
     the seconds of each journal append it makes."""
     run = RunDir.open(Path(tmp) / "run", resume=False)
-    engine = breeder(Engine(config.space, problem, config.evolution), config, workers)
-    source = EvolutionSource(engine, config, run, problem)
+    engine = Engine(config.space, problem, config.evolution)
+    drawn = first_draws(engine, config, workers)
+    source = EvolutionSource(breeder(engine, config, workers), config, run, problem, drawn=drawn)
     appends, original = [], run.append
 
     def timed_append(record: JournalRecord) -> None:

@@ -12,7 +12,8 @@ the master's own real time while the master works and jumps to the next worker e
 so a slow master shows as idle workers, and minutes of 27,648 workers cost only the master's own CPU time. What the
 simulated workers do is kept out of both the master's CPU time and its clock; what MPI would cost the master is
 kept in: every message it sends is pickled and every message it receives unpickled, as mpi4py's `send` and
-`Message.recv` do.
+`Message.recv` do. The first round is drawn by the simulated workers (evolve/drawn.py), whose Results carry their
+genomes back, as in a real job of this size.
 
 Measured per scale, each in a fresh process: the master's CPU time per task (target: under 100 us), the workers'
 utilization from the start to the deadline (busy worker-seconds over workers x time; target: at least 99%), the
@@ -38,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import bisect
+import dataclasses
 import heapq
 import io
 import itertools
@@ -159,7 +161,8 @@ class _WorkerUnpickler(pickle.Unpickler):
     """How a simulated worker reads a message: a task's payload (the genome and its training) is not rebuilt, as a
     real worker rebuilds it on its own node. Rebuilt here, in rank 0's process, it took most of the simulation's
     time, during which the clock stood still while the breeding helper went on breeding on the other core: the
-    first round looked twice as fast as the helper can breed it."""
+    first round looked twice as fast as the helper can breed it. A draw (evolve/drawn.py) is drawn, as its worker
+    does, for the genome its Result carries back (the payload's echo); that time is the simulation's too."""
 
     def find_class(self, module: str, name: str):
         if (module, name) == ("galapagos.evolve.task", "_unpickle_task"):
@@ -191,6 +194,7 @@ class SimComm:
         self.pruned_at: Counter = Counter()  # epochs reported -> tasks the master pruned after them
         self.answered = 0  # results the master received
         self.reported: dict[int, int] = {}  # running task id -> epochs it reported to the master
+        self.echoes: dict[int, dict] = {}  # task id -> what its worker adds to its Result (a drawn genome)
         self.samples: list[tuple[float, float, int]] = []  # (clock, the master's CPU seconds so far, answered)
         self._cdf = list(itertools.accumulate(f.share for f in MIX))
         now = clock.time()
@@ -255,6 +259,7 @@ class SimComm:
             if isinstance(obj, Result):
                 self.answered += 1
                 self.reported.pop(obj.id, None)
+                self.echoes.pop(obj.id, None)
             elif isinstance(obj, Progress):
                 self.reported[obj.id] = obj.metrics["epoch"]
             return pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)
@@ -287,7 +292,7 @@ class SimComm:
             if obj.status == Status.PRUNED:
                 self.pruned_at[reported] += 1
             self._push(now, Result(obj.id, dest, "", obj.status, fitness if obj.status == Status.PRUNED else None,
-                                   started, now))
+                                   started, now, self.echoes.pop(obj.id, {})))
             self.free_at[dest] = now  # its queue moves on at once (prefetch is 0 for minute-long tasks)
             if (obj.id, dest) in self.spans:
                 self.spans[obj.id, dest][1] = min(self.spans[obj.id, dest][1], now)
@@ -337,8 +342,11 @@ class SimComm:
         fitness = curve[-1] if status == Status.OK else None
         self.last[task.id] = (start, curve)
         self.spans[task.id, rank] = [start, end, rank]
+        echo = getattr(task.payload, "echo", None) or {}
+        if echo:
+            self.echoes[task.id] = echo
         self._push(end, Result(task.id, rank, self.host(rank), status, fitness, start, end,
-                               {"epochs": epochs} if fitness is not None else {}))
+                               {"epochs": epochs, **echo} if fitness is not None else dict(echo)))
         self.free_at[rank] = end
 
 
@@ -361,9 +369,10 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
                 clock.jump(when)
 
     problem = Problem((3, 32, 32), "classification", 10)
-    config = load_config(None, ["evolution.population_size=64", f"run.task_timeout={TASK_TIMEOUT}",
-                                f"run.prune_after={PRUNE_AFTER}", f"train.epochs={EPOCHS}"]
+    config = load_config(None, [f"run.task_timeout={TASK_TIMEOUT}", f"run.prune_after={PRUNE_AFTER}",
+                                f"train.epochs={EPOCHS}"]
                          + ([] if breeder_workers is None else [f"evolution.breeder_workers={breeder_workers}"]))
+    config = dataclasses.replace(config, evolution=config.evolution.sized(workers))  # as flows.evolution.check
     saved = runtime.time, runtime.Backoff
     runtime.time, runtime.Backoff = clock, Backoff  # master_serve reads time.time() only
     try:

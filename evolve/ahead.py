@@ -12,7 +12,8 @@ it (``[evolution] breeder_workers``), where results arrive in an order no seed d
 
 The helper is a fresh Python (``python -m galapagos.evolve.ahead``, not a fork of rank 0, whose MPI library may
 not survive one); it speaks over two pipes with multiprocessing's framed connections. Rank 0 -> helper: the
-engine once, then ``(tells, more)`` (results it has not heard, how many more children to breed), None to stop.
+engine once, then ``(tells, more)`` (results it has not heard, and candidates drawn elsewhere to adopt, in order;
+how many more children to breed), None to stop.
 Helper -> rank 0: lists of candidates (with their parameter counts), and a string, why, should the search space
 hold no new child.
 """
@@ -90,6 +91,12 @@ class Ahead:
         self.engine.tell(candidate_id, fitness, status, values)
         if self.failed is None:
             self.tells.append((candidate_id, fitness, status, values))
+
+    def adopt(self, candidate: Candidate) -> None:
+        """A candidate bred elsewhere (a worker's draw, evolve/drawn.py): the helper hears of it before its tell."""
+        self.engine.adopt(candidate)
+        if self.failed is None:
+            self.tells.append(candidate)
 
     def _bred(self) -> Candidate:
         """The next child bred ahead. The helper is written to (the tells it has not heard, and how many more
@@ -177,7 +184,10 @@ def serve(engine: Engine, builder: str, inbox: queue.SimpleQueue, up: Connection
             block = False
             tells, more = message
             for told in tells:
-                engine.tell(*told)
+                if isinstance(told, Candidate):
+                    engine.adopt(told)
+                else:
+                    engine.tell(*told)
             credit += more
         if credit and not exhausted:
             try:

@@ -11,6 +11,10 @@ times: the master asks whenever a worker is free.
 Every ask draws from its own generator seeded by (seed, candidate id), so a run is determined by its seed and
 the order of tells, and a resumed run (:meth:`Engine.replay`) proposes what the uninterrupted run would have.
 
+Sizes follow the job (:meth:`EvolutionConfig.sized`): a population of 16 at 27,648 workers turns over in
+milliseconds, and the best of the random start (the first W asks, before anything is told) is a parent for 16 tells.
+Breeding begins once the population holds a tournament's worth of results, a few dozen tells into a large job.
+
 With several ``objectives`` (evolve/pareto.py) the population is elitist instead: NSGA-II's survivors (whole
 nondominated fronts, the last cut by crowding distance) among the results so far, and parents win crowded
 tournaments (lower front, then less crowded). Ageing would throw away points of the front that took long to find.
@@ -22,20 +26,20 @@ import collections
 import logging
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
 
-from .check import check_genome
+from .check import check_genome, count_params
 from .errors import InvalidGenome, SearchExhausted
 from .genome import Genome
-from .operators import crossover, mutate, select
+from .operators import auto_population, auto_tournament, crossover, mutate, select
 from .pareto import OBJECTIVES, Values, crowded_tournament, nsga2_rank, nsga2_survivors, objective_values
 from .priors import prior_genomes
 from .problem import Problem
 from .settings import Check, Table, is_int
 from .space import SearchSpace
 
-__all__ = ["Candidate", "Engine", "EvolutionConfig", "ORIGINS", "STRATEGIES"]
+__all__ = ["AUTO", "Candidate", "Engine", "EvolutionConfig", "ORIGINS", "STRATEGIES"]
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +48,7 @@ ORIGINS = ("seed", "prior", "random", "mutation", "crossover")
 # Bounded retries before giving up on a fresh genome: breeding first, then random sampling.
 _BREED_TRIES = 50
 _RANDOM_TRIES = 200
+AUTO = -1  # population_size or tournament_size given as "auto": sized by EvolutionConfig.sized
 
 
 @dataclass(frozen=True)
@@ -63,14 +68,24 @@ class EvolutionConfig(Table):
     ``breeder_workers``: a job with at least this many workers breeds its children ahead in a helper process on
     rank 0's node (evolve/ahead.py), which takes breeding off rank 0's path per task but makes the run depend on
     timing as well as on its seed; 0 never does.
+    ``population_size``, ``tournament_size``: "auto" (stored as -1) follows the W candidates trained at once:
+    population min(max(16, W), 4096), tournament its square root (evolve/operators.py's ``auto_population``);
+    an integer is used as given. ``cost_aware``: at a fitness within ``cost_tolerance`` of a tournament's fittest,
+    fewer parameters win (single objective; several weigh ``params`` as an objective instead).
     """
 
     section = "evolution"
     choices = {"strategy": STRATEGIES, "objectives": tuple(OBJECTIVES)}
 
     strategy: str = "evolution"
-    population_size: int = 16  # the most recent finished results that parents are chosen from (ageing out)
-    tournament_size: int = 4  # genomes drawn from the population per parent; the fittest of them is the parent
+    population_size: int = AUTO  # the most recent finished results that parents are chosen from (ageing out);
+    # "auto" (stored as -1): the results told in about one training time, W for W candidates trained at once (worker
+    # ranks times run.pack), at least 16, at most 4096; breeding starts once it holds a tournament's worth
+
+    tournament_size: int = AUTO  # genomes drawn from the population per parent; the fittest of them is the parent;
+    # "auto" (stored as -1): the square root of the population (16 -> 4, 1,000 -> 32, 4,096 -> 64), which keeps the
+    # generations selection takes to fill the population with its best (ln P / ln S) at the 2 of 16/4 at any size
+
     crossover_prob: float = 0.3  # share of children bred from two parents (the rest: one parent, mutated)
     mutations: tuple[int, int] = (1, 2)
     seed: int = 0  # the search's random seed (random genomes, selection, crossover and mutation)
@@ -78,17 +93,40 @@ class EvolutionConfig(Table):
     inherit: bool = True  # children start from a parent's trained weights where the layers match
     immigrants: float = 0.25  # share of random genomes among the asks after the initial population
     priors: bool = True  # the initial population begins with a practitioner's networks (evolve/priors.py)
-    breeder_workers: int = 256  # from this many workers on, a helper process breeds ahead (evolve/ahead.py); 0: never
+    breeder_workers: int = 256  # from this many workers on, a helper process breeds ahead (evolve/ahead.py) and a
+    # fresh run's first round is drawn by the workers themselves (evolve/drawn.py); 0: never
+
+    cost_aware: bool = False  # at nearly equal fitness a tournament prefers the network with fewer parameters;
+    # single objective only. Off until the search benchmark (bench/search.py) shows whether it pays: the default will
+    # be its measurement's
+
+    cost_tolerance: float = 0.001  # how near: fitness (accuracy, or mean R^2) within this of a tournament's fittest
+    # counts as equal; 0.001 is one sample in 1,000 of validation, so a smaller validation split only breaks exact ties
 
     def normalise(self) -> dict[str, Any]:
-        return {"mutations": (self.mutations, self.mutations)} if is_int(self.mutations) else {}
+        out: dict[str, Any] = {"mutations": (self.mutations, self.mutations)} if is_int(self.mutations) else {}
+        out.update({key: AUTO for key in ("population_size", "tournament_size") if getattr(self, key) == "auto"})
+        return out
+
+    def sized(self, workers: int) -> EvolutionConfig:
+        """With "auto" sizes resolved for ``workers`` candidates trained at once: what a run should record, so that
+        its resumption on another job size breeds as it did."""
+        if not is_int(workers) or workers < 1:
+            raise ValueError(f"sized: expected a positive number of workers, got {workers!r}")
+        population = self.population_size
+        if population == AUTO:
+            population = max(auto_population(workers), self.tournament_size)
+        tournament = auto_tournament(population) if self.tournament_size == AUTO else self.tournament_size
+        return replace(self, population_size=population, tournament_size=tournament)
 
     def checks(self) -> list[Check]:
         m = self.mutations
+        pop, tour = self.population_size, self.tournament_size
         return [
-            ("population_size", self.population_size >= 1, "a positive integer"),
-            ("tournament_size", 1 <= self.tournament_size <= self.population_size,
-             f"an integer in [1, population_size={self.population_size}]"),
+            ("population_size", pop >= 1 or pop == AUTO, 'a positive integer or "auto"'),
+            ("tournament_size", tour == AUTO or 1 <= tour <= (pop if pop != AUTO else math.inf),
+             'a positive integer or "auto"' + (f", at most population_size={pop}" if pop != AUTO else "")),
+            ("cost_tolerance", self.cost_tolerance >= 0 and math.isfinite(self.cost_tolerance), "a number >= 0"),
             ("crossover_prob", 0.0 <= self.crossover_prob <= 1.0, "a probability in [0, 1]"),
             ("immigrants", 0.0 <= self.immigrants < 1.0, "a share in [0, 1)"),
             ("breeder_workers", is_int(self.breeder_workers) and self.breeder_workers >= 0, "an integer >= 0"),
@@ -123,14 +161,20 @@ def _clean_fitness(fitness: float | None) -> float | None:
 
 
 class Engine:
-    """Ask/tell search over a :class:`SearchSpace` for a :class:`Problem`; higher fitness is better."""
+    """Ask/tell search over a :class:`SearchSpace` for a :class:`Problem`; higher fitness is better.
 
-    def __init__(self, space: SearchSpace, problem: Problem, config: EvolutionConfig | None = None) -> None:
+    ``workers``: the candidates the job trains at once, which "auto" sizes follow (:meth:`EvolutionConfig.sized`);
+    None sizes them as for one worker."""
+
+    def __init__(self, space: SearchSpace, problem: Problem, config: EvolutionConfig | None = None,
+                 workers: int | None = None) -> None:
         self.space = space
         self.problem = problem
-        self.config = config if config is not None else EvolutionConfig()
+        self.config = (config if config is not None else EvolutionConfig()).sized(workers or 1)
         self._next_id = 0
         self._pending: dict[int, Candidate] = {}
+        self._pending_parents: collections.Counter[int] = collections.Counter()  # parent id -> pending children
+        self._costs: dict[int, float] = {}  # cost_aware: id -> parameter count, of the population's members
         self._told: set[int] = set()
         self._seen: set[str] = set()
         self._population: collections.deque[tuple[Candidate, float | None]] = collections.deque(
@@ -157,6 +201,11 @@ class Engine:
     def pending(self) -> tuple[int, ...]:
         """Ids asked but not yet told, oldest first."""
         return tuple(self._pending)
+
+    def pending_parents(self) -> set[int]:
+        """Parents of the children asked and not yet told: their weights must outlive their place in the population
+        while a child that inherits them waits for a worker or trains (the run's kept weights include them)."""
+        return set(self._pending_parents)
 
     @property
     def population(self) -> list[tuple[Candidate, float | None]]:
@@ -193,14 +242,16 @@ class Engine:
 
     # --- ask / tell ---
     def ask(self) -> Candidate:
-        """The next candidate to evaluate: the seed genomes first, then random until ``population_size`` have
-        been asked, then bred (a share ``immigrants`` of them random)."""
+        """The next candidate to evaluate: the seed genomes first, then random until ``population_size`` ids have
+        been handed out (asked or reserved) and the population holds a tournament's worth of results, then bred (a
+        share ``immigrants`` of them random): a job of W workers breeds a few dozen results in, not a population."""
         cid = self._next_id
         rng = random.Random(f"galapagos:{self.config.seed}:{cid}")
         random_phase = (
             self.config.strategy == "random"
-            or self.num_told + len(self._pending) < self.config.population_size
-            or not (self._elite if self.multi_objective else self._population)
+            or self._next_id < self.config.population_size
+            or len(self._elite if self.multi_objective else self._population)
+            < min(self.config.tournament_size, self.config.population_size)
             or rng.random() < self.config.immigrants
         )
         if self._seeds:
@@ -212,8 +263,7 @@ class Engine:
             genome, parents, origin = bred if bred is not None else (self._random(rng), (), "random")
         candidate = Candidate(id=cid, genome=genome, parents=parents, origin=origin)
         self._next_id += 1
-        self._pending[cid] = candidate
-        self._seen.add(genome.key)
+        self._pend(candidate)
         return candidate
 
     def adopt(self, candidate: Candidate) -> None:
@@ -223,8 +273,14 @@ class Engine:
         if candidate.origin == "prior":
             self._prior()
         self._next_id = max(self._next_id, candidate.id + 1)
-        self._pending[candidate.id] = candidate
-        self._seen.add(candidate.genome.key)
+        self._pend(candidate)
+
+    def reserve(self, n: int) -> range:
+        """`n` ids that no ask will give, for candidates drawn elsewhere (evolve/drawn.py) and adopted once their
+        genome is known."""
+        ids = range(self._next_id, self._next_id + n)
+        self._next_id += n
+        return ids
 
     def tell(self, candidate_id: int, fitness: float | None, status: str = "ok", values: Values | None = None
              ) -> None:
@@ -233,7 +289,7 @@ class Engine:
         and a pruned one's fitness as a result (``best``).
         With several objectives, ``values`` holds one per objective (:func:`objective_values`); None leaves the
         candidate out of the population."""
-        candidate = self._pending.pop(candidate_id, None)
+        candidate = self._unpend(candidate_id)
         if candidate is None:
             what = "already told" if candidate_id in self._told else "never asked"
             raise KeyError(f"tell: candidate {candidate_id} is not pending ({what})")
@@ -265,7 +321,7 @@ class Engine:
                 raise InvalidGenome(f"replay: record {i} (id {cid}): {e}") from None
             parents = tuple(int(p) for p in (rec.parents or ()))
             origin = rec.origin or ("random" if not parents else "mutation" if len(parents) == 1 else "crossover")
-            candidate = self._pending.pop(cid, None) or Candidate(cid, genome, parents, origin)
+            candidate = self._unpend(cid) or Candidate(cid, genome, parents, origin)
             self._seen.add(genome.key)
             self._next_id = max(self._next_id, cid + 1)
             values = objective_values(rec, self.config.objectives) if self.multi_objective else None
@@ -277,11 +333,28 @@ class Engine:
         """Nothing to release (an :class:`evolve.ahead.Ahead` stops its helper)."""
 
     # --- internals ---
+    def _pend(self, candidate: Candidate) -> None:
+        self._pending[candidate.id] = candidate
+        self._pending_parents.update(set(candidate.parents))
+        self._seen.add(candidate.genome.key)
+
+    def _unpend(self, candidate_id: int) -> Candidate | None:
+        candidate = self._pending.pop(candidate_id, None)
+        if candidate is not None:
+            self._pending_parents.subtract(set(candidate.parents))
+            for parent in [p for p in set(candidate.parents) if not self._pending_parents[p]]:
+                del self._pending_parents[parent]
+        return candidate
+
     def _record(self, candidate: Candidate, fitness: float | None, status: str, values: Values | None) -> None:
         value = _clean_fitness(fitness)
         self._told.add(candidate.id)
         finished = status == "ok" and value is not None
         if finished:
+            if self.config.cost_aware and not self.multi_objective:
+                if len(self._population) == self._population.maxlen:
+                    self._costs.pop(self._population[0][0].id, None)  # ageing out
+                self._costs[candidate.id] = count_params(candidate.genome, self.problem)
             self._population.append((candidate, value))
         if self.multi_objective and finished and values is not None:
             pairs = [((c, v), v) for c, v in self._elite + [(candidate, tuple(values))]]
@@ -323,7 +396,8 @@ class Engine:
     def _select(self, k: int, rng: random.Random) -> list[Candidate]:
         """``k`` parents: tournament winners by fitness, or with several objectives crowded-tournament winners."""
         if not self.multi_objective:
-            return select(list(self._population), k, self.config.tournament_size, rng)
+            cost = (lambda c: self._costs.get(c.id)) if self.config.cost_aware else None
+            return select(self._population, k, self.config.tournament_size, rng, cost, self.config.cost_tolerance)
         if self._ranked is None:
             self._ranked = nsga2_rank(self._elite, self.config.objectives)
         return crowded_tournament(self._ranked, k, self.config.tournament_size, rng)

@@ -24,7 +24,11 @@ from .space import SearchSpace
 
 __all__ = [
     "MUTATIONS",
+    "POPULATION_CAP",
+    "POPULATION_FLOOR",
     "Individual",
+    "auto_population",
+    "auto_tournament",
     "crossover",
     "make_toolbox",
     "mutate",
@@ -45,22 +49,65 @@ Individual = creator.GalapagosIndividual
 _WORST = -math.inf
 
 
-# --- selection ---
+# --- selection, and the sizes that "auto" gives it (evolve/engine.py's EvolutionConfig.sized) ---
+POPULATION_FLOOR = 16  # the population of small runs, as it always was
+# The largest "auto" population: its members' weights stay on disk (inherit) and rank 0 goes over them for every
+# finished result. A tournament of 64 picks from its top 2%; a member ageing out before its children are told is
+# how regularized evolution works (Real et al. ran 100 with 450 workers), now that a pending child keeps its
+# parent's weights (Engine.pending_parents).
+POPULATION_CAP = 4096
+
+
+def auto_population(workers: int) -> int:
+    """About the results told in one training time (each of W workers tells one), within [FLOOR, CAP]."""
+    return min(max(POPULATION_FLOOR, workers), POPULATION_CAP)
+
+
+def auto_tournament(population: int) -> int:
+    """The square root of the population, at least 2: selection's takeover time (ln P / ln S generations,
+    Goldberg & Deb 1991) stays the 2 of 16/4 at any size (1,000 -> 32, 4,096 -> 64)."""
+    return min(population, max(2, round(math.sqrt(population))))
+
+
 def select(
-    population: Sequence[tuple[T, float | None]], k: int, tournament_size: int, rng: random.Random
+    population: Sequence[tuple[T, float | None]], k: int, tournament_size: int, rng: random.Random,
+    cost: Callable[[T], float | None] | None = None, tolerance: float = 0.0,
 ) -> list[T]:
     """``k`` tournament winners (with replacement) from ``(item, fitness)`` pairs: DEAP's ``selTournament`` on
     ``rng``, draw for draw (``tournament_size`` uniform picks, the first of the fittest wins), without wrapping
-    the whole population in DEAP individuals for every child (a fifth of the master's time per task, bench/scale.py).
+    the whole population in DEAP individuals for every child (a fifth of the master's time per task, bench/scale.py)
+    or going over it: a draw indexes ``population`` (a list or a deque), so a tournament costs its size, not the
+    population's.
 
     Items may be genomes or anything else (the engine passes candidates, to know parent ids). A fitness of
     None or NaN counts as the worst.
+
+    With ``cost`` (item -> a number, lower is cheaper; None where unknown, which counts as the dearest) the
+    tournament is cost-aware: of the drawn entries whose fitness is within ``tolerance`` of the fittest drawn, the
+    cheapest wins (then the fitter, then the first drawn), so that a search does not drift to big networks that
+    score no better; one fitter by more than ``tolerance`` still wins. The draws are the same either way.
     """
     if not population:
         raise ValueError("select: empty population")
-    scored = [(item, _WORST if fitness is None or not math.isfinite(fitness) else float(fitness))
-              for item, fitness in population]
-    return [max((rng.choice(scored) for _ in range(tournament_size)), key=lambda s: s[1])[0] for _ in range(k)]
+    winners = []
+    for _ in range(k):
+        drawn = [rng.choice(population) for _ in range(tournament_size)]
+        if cost is None:
+            winners.append(max(drawn, key=_fitness)[0])
+            continue
+        floor = max(map(_fitness, drawn)) - tolerance
+        near = (d for d in drawn if _fitness(d) >= floor)
+        winners.append(min(near, key=lambda d: (_cost(cost(d[0])), -_fitness(d)))[0])
+    return winners
+
+
+def _fitness(entry: tuple[object, float | None]) -> float:
+    fitness = entry[1]
+    return _WORST if fitness is None or not math.isfinite(fitness) else float(fitness)
+
+
+def _cost(value: float | None) -> float:
+    return math.inf if value is None or not math.isfinite(value) else float(value)
 
 
 # --- crossover ---

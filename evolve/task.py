@@ -9,6 +9,8 @@ import pickle
 from dataclasses import dataclass
 
 from galapagos.datashare.stream import StreamSpec
+from galapagos.evolve.check import count_params
+from galapagos.evolve.drawn import Drawn
 from galapagos.evolve.genome import Genome
 from galapagos.evolve.problem import Problem
 from galapagos.evolve.settings import Check, Table
@@ -69,34 +71,61 @@ class DataAccess:
 @dataclass(frozen=True)
 class TrainTask:
     """One network to train: the payload of every task the master sends, from an evolution run or an ensemble
-    build, and what a task function (`run.task`, by default evolve.train.train_task) receives."""
+    build, and what a task function (`run.task`, by default evolve.train.train_task) receives. On rank 0 a draw
+    (evolve/drawn.py) has no genome yet, only `drawn`: the worker that unpickles it draws the genome."""
 
-    genome: Genome
+    genome: Genome | None
     problem: Problem
     train: TrainConfig
     seed: int = 0
     save: str | None = None  # where the best epoch's weights go (a state_dict); None: not saved
     inherit: str | None = None  # a parent's weights file to start from where the layers match; None: fresh
     data: DataAccess | None = None  # how the training split is read (streamed, or batch by batch to a GPU)
+    drawn: Drawn | None = None  # a genome its worker draws (evolve/drawn.py)
 
     def __reduce__(self):
         # Pickled for every task rank 0 sends: the genome goes as its canonical JSON (made once, for its key), and
         # what every task of a run shares as bytes pickled once. Pickled whole, a task cost rank 0 19 us, the most
-        # of any one step per task at whole-machine scale (bench/scale.py).
+        # of any one step per task at whole-machine scale (bench/scale.py). A draw goes as its id.
+        if self.genome is None:
+            d = self.drawn
+            return _unpickle_drawn, (d.cid, _shared_bytes(self.problem, self.train, self.data, d.space, d.seed),
+                                     self.seed, self.save, self.inherit)
         return _unpickle_task, (self.genome.canonical(), _shared_bytes(self.problem, self.train, self.data),
                                 self.seed, self.save, self.inherit)
 
+    @property
+    def echo(self) -> dict | None:
+        """What its worker adds to the task's result for rank 0 (launch/protocol.py: Task): a drawn genome, with
+        its key and canonical JSON made here (they travel in its pickle: rank 0 unpickles the genome in a fifth of
+        the time it would parse it from JSON), and its parameter count (where a user's builder does not make the
+        network: counting that would import torch on the worker rank)."""
+        if self.drawn is None or self.genome is None:
+            return None
+        echo: dict = {"genome": self.genome}
+        self.genome.key  # noqa: B018 - made now, and cached in the genome
+        if not self.train.builder:
+            echo["params"] = count_params(self.genome, self.problem)
+        return echo
 
-_shared: tuple = (None, None, None, b"")  # the last (problem, train, data) pickled, and their bytes
+
+_shared: tuple = ((), b"")  # the objects last pickled together, and their bytes
 
 
-def _shared_bytes(problem: Problem, train: TrainConfig, data: DataAccess | None) -> bytes:
+def _shared_bytes(*parts) -> bytes:
     global _shared
-    if not (_shared[0] is problem and _shared[1] is train and _shared[2] is data):
-        _shared = (problem, train, data, pickle.dumps((problem, train, data), pickle.HIGHEST_PROTOCOL))
-    return _shared[3]
+    last = _shared[0]
+    if not (len(last) == len(parts) and all(a is b for a, b in zip(last, parts))):
+        _shared = (parts, pickle.dumps(parts, pickle.HIGHEST_PROTOCOL))
+    return _shared[1]
 
 
 def _unpickle_task(genome: str, shared: bytes, seed: int, save: str | None, inherit: str | None) -> TrainTask:
     problem, train, data = pickle.loads(shared)
     return TrainTask(Genome.from_json(genome), problem, train, seed, save, inherit, data)
+
+
+def _unpickle_drawn(cid: int, shared: bytes, seed: int, save: str | None, inherit: str | None) -> TrainTask:
+    problem, train, data, space, run_seed = pickle.loads(shared)
+    drawn = Drawn(space, run_seed, cid)
+    return TrainTask(drawn.genome(problem), problem, train, seed, save, inherit, data, drawn)

@@ -20,6 +20,7 @@ from galapagos.datashare.plan import split_arrays
 from galapagos.evolve.batches import GPU_TYPES, batch_data, child_device, epoch_batches, resident_fits, stats_sample
 from galapagos.evolve.build import build_model, set_normalization
 from galapagos.evolve.dense import class_counts, evaluate_dense, field_loss, segmentation_loss
+from galapagos.evolve.distributed import Group
 from galapagos.evolve.genome import Genome
 from galapagos.evolve.inherit import inherit_weights
 from galapagos.evolve.netdir import save_weights
@@ -272,7 +273,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     `parent`: a parent's state_dict, inherited where the layers match (evolve/inherit.py). `counts`: the
     training split's pixels per class (segmentation's weighted_ce; counted here when not given).
     """
-    device = torch.device(device)
+    device, group = torch.device(device), Group.current()  # group: the processes it is spread over (run.spread)
     torch.manual_seed(seed)
     xtr, ytr = (_on(device, a) for a in data["train"])
     xva, yva = (_on(device, a) for a in data["val"])
@@ -297,6 +298,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
             total, batches = torch.zeros((), device=device), 0  # summed on the device: no host sync per batch
             for xb, yb in epoch_batches(xtr, ytr, n, genome.batch_size, gen, device):
                 full = len(xb) == genome.batch_size
+                xb, yb = group.shard(xb, yb)
                 if graphs and full and captured is None:
                     fast = graphed(model, xb, amp_dtype)
                     captured = fast is not None
@@ -305,18 +307,20 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                     loss = loss_of(out, yb)
                 opt.zero_grad(set_to_none=True)
                 (scaler.scale(loss) if scaler is not None else loss).backward()
+                group.reduce_gradients(params)
                 _step(opt, scaler, params, config.grad_clip, sched, steps)
-                total += loss.detach()
+                total += group.weighted(loss.detach())
                 batches += 1
                 if compiled is not None and compile_seconds is None:
                     _sync(device)
                     compile_seconds = time.perf_counter() - t0  # the first step, the compile in it
                 if batches % FINITE_EVERY == 0:
-                    _check_finite(total, epoch, batches)
+                    _check_finite(group.sum(total), epoch, batches)
+            total = group.sum(total)
             _check_finite(total, epoch, batches)
-            metrics = {"epoch": epoch, "train_loss": total.item() / max(batches, 1),
-                       **(evaluate_dense(model, xva, yva, problem, config.eval_batch_size, autocast) if problem.is_dense
-                          else evaluate(model, xva, yva, problem.task, config.eval_batch_size, autocast))}
+            metrics = {"epoch": epoch, "train_loss": total.item() / max(batches, 1), **group.from_leader(model, lambda:
+                       evaluate_dense(model, xva, yva, problem, config.eval_batch_size, autocast) if problem.is_dense
+                       else evaluate(model, xva, yva, problem.task, config.eval_batch_size, autocast))}
             if not math.isfinite(metrics["fitness"]):
                 raise NonFiniteLoss(f"validation score is {metrics['fitness']} at epoch {epoch}")
             if best is None or metrics["fitness"] > best["fitness"]:
@@ -324,8 +328,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                 # a copy on the device: no wait for it here; to the CPU once, at the end
                 best_state = {k: v.detach().clone(memory_format=torch.contiguous_format)
                               for k, v in model.state_dict().items()}
-            if report is not None:
-                report(metrics)
+            group.report(report, metrics)
     finally:
         if captured:  # the graphs and their memory pool sit in reference cycles (a class made per capture), which
             fast = out = loss = None  # only a collection frees, once nothing holds them: now, finished or not
@@ -417,6 +420,6 @@ def train_task(task: TrainTask, ctx: Any) -> dict:
     summary, state = train_candidate(task.genome, task.problem, data, task.train, device=ctx.device, seed=task.seed,
                                      report=ctx.report, stats=ctx.cache[key], parent=_parent(task.inherit),
                                      counts=counts)
-    if task.save:
+    if task.save and Group.current().leader:  # spread: the group's leader writes the weights
         save_weights(state, task.save)
     return {"fitness": summary.pop("fitness"), "metrics": summary}

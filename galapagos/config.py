@@ -66,13 +66,23 @@ class RunConfig(Table):
     # "auto" (stored as 0): on a GPU as many as the first candidate's measured memory lets fit, at most 8 and one per
     # core of the rank; on a CPU-only worker 1, its node's cores being split between its ranks (launch/packing.py)
 
+    spread: int = 1  # devices each candidate trains on at once, data-parallel with the same recipe (a trainer child
+    # each, one torch.distributed group): on GPUs at most those the worker rank owns (a node with fewer worker ranks
+    # than GPUs); on the CPU each child gets its share of the rank's cores. "auto" (stored as 0): on GPUs, every GPU the
+    # rank owns for a candidate whose estimated memory does not fit in one, one GPU for the rest (launch/spread.py)
+
     def normalise(self) -> dict:
-        return {"pack": 0} if self.pack == "auto" else {}
+        return {key: 0 for key in ("pack", "spread") if getattr(self, key) == "auto"}
 
     @property
     def packing(self) -> int | str:
         """run.pack as the workers' Setup takes it: a count, or "auto"."""
         return self.pack or "auto"
+
+    @property
+    def spreading(self) -> int | str:
+        """run.spread as the workers' Setup takes it: a count, or "auto"."""
+        return self.spread or "auto"
 
     def liveness(self, master_file: Path) -> Liveness:
         """The heartbeat settings the workers get with their setup; `master_file`: RunDir.master_heartbeat."""
@@ -90,6 +100,7 @@ class RunConfig(Table):
                 ("readers", self.readers >= 0, "at least 0 (0 = every node's leader)"),
                 ("prefetch", self.prefetch >= -1, "at least -1 (-1 = one while tasks are short)"),
                 ("pack", self.pack >= 0, 'at least 1, or "auto"'),
+                ("spread", self.spread >= 0, 'at least 1, or "auto"'),
                 ("lost_grace", self.lost_grace > 0, "more than 0 seconds"),
                 ("heartbeat", self.heartbeat > 0, "more than 0 seconds"),
                 ("worker_timeout", self.worker_timeout >= 3 * self.heartbeat,

@@ -1,5 +1,7 @@
 """Packing: several candidates trained at once on one worker rank's device (run.pack), each in a trainer child of
-its own under its own Supervisor; the master counts the rank's capacity in candidates (protocol.Ready)."""
+its own under its own Supervisor; the master counts the rank's capacity in candidates (protocol.Ready). Where the
+rank spreads its candidates over several devices instead (run.spread), its one child is a Spread group
+(launch/spread.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -14,6 +16,7 @@ from typing import Any
 
 from galapagos.launch.placement import core_count
 from galapagos.launch.protocol import Result, Status, Task
+from galapagos.launch.spread import Spread, spread_width
 from galapagos.launch.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
@@ -82,7 +85,7 @@ class Pack:
     def __init__(self, rank: int, task_fn: str) -> None:
         self.rank, self.task_fn = rank, task_fn
         self.measure = self.sizing = False  # children measure each task's memory; the capacity waits for it
-        self.children = [Supervisor(rank, task_fn)]
+        self.children: list[Supervisor | Spread] = [Supervisor(rank, task_fn)]  # a Spread: run.spread (place)
         self.where: dict = {}  # place()'s keywords, for children added later
         self.data: dict | None = None
         self.queue: deque[Task] = deque()
@@ -116,10 +119,20 @@ class Pack:
             child.start()
 
     def place(self, task_fn: str, *, cores: list[int] | None = None, device: str = "cpu",
-              log_path: Path | None = None, pack: int | str = 1) -> None:
+              devices: tuple[str, ...] = (), log_path: Path | None = None, pack: int | str = 1,
+              spread: int | str = 1) -> None:
         """Supervisor.place for every child, and how many (`pack`: "auto" is one until the first candidate has
-        measured its memory, and stays one off a CUDA or ROCm GPU)."""
+        measured its memory, and stays one off a CUDA or ROCm GPU). `spread` (run.spread) over more than one of
+        `devices` (those the rank owns, `device` first) makes the one child a Spread group, and the pack one."""
         self.task_fn = task_fn
+        width = spread_width(spread, devices or (device,), self.rank)
+        if width > 1:
+            if pack != 1:
+                log.info("worker rank %d spreads its candidates over %d children: run.pack = %s is 1", self.rank,
+                         width, pack)
+            pack = 1
+            owned = devices[:width] if device != "cpu" else (device,) * width
+            self.children[0] = Spread(self.children[0], owned, spread == "auto", task_fn)
         self.measure = self.sizing = pack == "auto" and device.startswith("cuda")
         self.where = {"cores": cores, "device": device, "log_path": log_path}
         self.resize(pack if isinstance(pack, int) else 1)

@@ -28,6 +28,8 @@ class Placement:
     local_index: int  # this worker among the workers of its node
     local_workers: int
     threads: int = 1  # torch threads: the physical cores among `cores`, not their hardware threads
+    devices: tuple[str, ...] = ()  # every device it owns, `device` first: more where a node has fewer worker ranks
+    # than GPUs (GPU k goes to worker k % workers), for run.spread (launch/spread.py)
 
 
 @dataclass(frozen=True)
@@ -273,6 +275,15 @@ def _groups(cores: list[tuple[int, ...]], topology: Topology, workers: int) -> l
             for c, ks in groups]
 
 
+def owned(index: int, workers: int, topology: Topology) -> tuple[str, ...]:
+    """Worker `index`'s devices among `workers`: GPU k for every k with k % workers == index (more than one where
+    the node has fewer workers than GPUs), else the GPU it shares, index % gpus; ("cpu",) without GPUs."""
+    n = len(topology.gpus)
+    if not n:
+        return ("cpu",)
+    return tuple(f"{topology.kind}:{k}" for k in [k for k in range(n) if k % workers == index] or [index % n])
+
+
 def place(local_index: int, local_workers: int, *, allowed: list[int] | None = None,
           topology: Topology | None = None) -> Placement:
     """Worker `local_index` of `local_workers`: GPU local_index % gpus and an even share of the physical cores
@@ -288,8 +299,8 @@ def place(local_index: int, local_workers: int, *, allowed: list[int] | None = N
     groups = _groups(cores, topology, workers) if n else None
     group = next((g for g in groups if me in g[1]), None) if groups else None
     share = _share(cores, me, workers) if group is None else _share(group[0], group[1].index(me), len(group[1]))
-    device = f"{topology.kind}:{me % n}" if n else "cpu"
-    return Placement(device, share, local_index, local_workers, len({topology.core(c) for c in share}))
+    devices = owned(me, workers, topology)
+    return Placement(devices[0], share, local_index, local_workers, len({topology.core(c) for c in share}), devices)
 
 
 def node_placement(node: Any, rank: int, takes_part: bool = True, topology: Topology | None = None
@@ -307,7 +318,6 @@ def node_placement(node: Any, rank: int, takes_part: bool = True, topology: Topo
     topology = read_topology() if topology is None else topology
     index, sets = [r for r, _ in active].index(rank), [c for _, c in active]
     if len(sets) > 1 and all(a.isdisjoint(b) for i, a in enumerate(sets) for b in sets[i + 1:]):
-        n = len(topology.gpus)
-        return Placement(f"{topology.kind}:{index % n}" if n else "cpu", tuple(own), index, len(active),
-                         len(physical_cores(own, topology)))
+        devices = owned(index, len(active), topology)
+        return Placement(devices[0], tuple(own), index, len(active), len(physical_cores(own, topology)), devices)
     return place(index, len(active), allowed=sorted(set.intersection(*sets)) or own, topology=topology)

@@ -72,6 +72,7 @@ class Setup:
     want: dict | None = None  # what each worker asks of the shared arrays (datashare.share.share); None: all
     liveness: Liveness = field(default_factory=Liveness)
     pack: int | str = 1  # candidates each worker rank trains at once on its device, or "auto" (run.pack)
+    spread: int | str = 1  # devices each candidate trains on at once, or "auto" (run.spread)
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,10 @@ class SetupFailed:
 
 @dataclass(frozen=True)
 class Task:
+    """One task for a worker rank. A payload with an `echo` (a dict, or None) has its worker add that to the
+    metrics of the task's Result: what the worker decided that rank 0 must hear (a drawn genome:
+    evolve/drawn.py). The worker reads it from the payload as it arrived."""
+
     id: int
     payload: Any
     time_limit: float | None = None

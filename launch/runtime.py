@@ -28,9 +28,7 @@ log = logging.getLogger(__name__)
 # child (up to START_TIMEOUT). A silent rank (SIGSTOP, a hung node) is found by its heartbeat long before
 # (Liveness.worker_timeout); this is the backstop for a rank that still answers but never ends its task.
 LOST_GRACE = START_TIMEOUT + 60.0
-# Seconds the master reads on after Stop for every worker's answer (see protocol.Stopped): they come at once, unless
-# a worker is busy starting a trainer child.
-STOPPED_WAIT = 10.0
+STOPPED_WAIT = 10.0  # seconds to read on after Stop for every worker's answer (protocol.Stopped)
 
 
 class TaskSource(Protocol):
@@ -145,12 +143,10 @@ TICK_BUSY = 0.05
 SHORT_TASK = 1.0  # seconds: below this mean task time, dispatch latency matters and workers get a queued task
 
 class _Serving:
-    """master_serve's state (what were its loop's locals) and the loop's steps, cut as mpi4py.futures cuts its
-    own loops into named steps (client_exec, server_exec in mpi4py/futures/_core.py): `receive` drains what has
-    arrived and `decide`s on each message by its kind, `ended` looks for the end (the deadline, a stop request,
-    silent ranks given up, no worker left), `fill` hands tasks to free workers, `tick` lets the source show
-    progress and write through. Slots, not a __dict__: the loop's state is read without dict lookups, and a task
-    costs one method call per step more than the loop written out in one function did (bench/dispatch.py,
+    """master_serve's state and the loop's steps, cut as mpi4py.futures cuts its loops (client_exec, server_exec in
+    mpi4py/futures/_core.py): `receive` drains what arrived and `decide`s on each message, `ended` looks for the
+    end (deadline, stop request, silent ranks given up, no worker left), `fill` hands tasks to free workers, `tick`
+    lets the source show progress and write through. Slots: state read without dict lookups (bench/dispatch.py,
     bench/master_cost.py time this path)."""
 
     __slots__ = ("comm", "source", "deadline", "prefetch", "tick_seconds", "stop", "grace", "state", "slots", "sent",
@@ -248,9 +244,9 @@ class _Serving:
             return True
         if now - self.last_check >= self.tick_seconds:
             self.last_check = now
-            # The master's objects live long (the engine's population, every running task): Python's cyclic
-            # collector walked them all at each full collection, 12% of the master's time per task at 27,648
-            # simulated workers (bench/scale.py). What lived a tick is moved out of its way until the loop ends
+            # The master's objects live long (the engine's population, every running task): the cyclic collector
+            # walked them all at each full collection, 12% of rank 0's time per task at 27,648 simulated workers
+            # (bench/scale.py). What lived a tick is moved out of its way until the loop ends
             # (https://docs.python.org/3/library/gc.html#gc.freeze).
             gc.freeze()
             self.give_up_silent_ranks(now)
@@ -377,15 +373,17 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
     """
     loop = _Serving(comm, source, deadline, prefetch, tick, stop, LOST_GRACE if lost_grace is None else lost_grace,
                     liveness or Liveness())
-    state = loop.state
-    backoff = Backoff()
+    state, backoff, collecting = loop.state, Backoff(), gc.isenabled()
     try:
         while True:
             now = time.time()
             event = loop.receive(now)
             if loop.ended(now):
                 break
-            event = loop.fill() or event
+            gc.disable()  # a round of tasks is not collected as it goes out: the collections its objects set off
+            event = loop.fill() or event  # were three quarters of the first round's time (bench/scale.py)
+            if collecting:
+                gc.enable()
             if source.finished() and not state.running:
                 break
             loop.tick(now, event)
@@ -395,10 +393,12 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                 backoff.sleep()
     finally:
         loop.beacon.close()
+        gc.unfreeze()
+        if collecting:  # also where fill raised
+            gc.enable()
         stopped = [rank for rank in range(1, comm.size) if rank not in state.lost]
         for rank in stopped:
             loop.send(Stop(), rank)
-    gc.unfreeze()
     _read_until_stopped(comm, stopped, state.failed)
     state.ended = True
     source.on_tick(state)

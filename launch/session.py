@@ -24,7 +24,7 @@ from galapagos.launch.mpi import Backoff, failed_ranks, node_comm
 from galapagos.launch.packing import Pack
 from galapagos.launch.placement import Placement, node_placement
 from galapagos.launch.protocol import (EXIT_BAD_INPUT, EXIT_CRASH, EXIT_LOST, TAG, Cancel, Liveness, RankFailed, Ready,
-                                      Setup, SetupFailed, Stop, Stopped, Task)
+                                      Result, Setup, SetupFailed, Stop, Stopped, Task)
 from galapagos.launch.runtime import MasterState, TaskSource, master_serve
 
 log = logging.getLogger(__name__)
@@ -150,8 +150,8 @@ def _start(comm: Any, supervisor: Pack) -> tuple[Shared, str, Liveness, MasterWa
     node = node_comm(comm)
     try:
         placement = _placement(comm, node)
-        supervisor.place(setup.task_fn, cores=list(placement.cores), device=placement.device, log_path=log_path,
-                         pack=setup.pack)
+        supervisor.place(setup.task_fn, cores=list(placement.cores), device=placement.device,
+                         devices=placement.devices, log_path=log_path, pack=setup.pack, spread=setup.spread)
         supervisor.start()  # if not started yet: the trainer children import their task function while data is shared
         shared = share(comm, node, want=setup.want)
     except DataShareError:
@@ -193,6 +193,7 @@ def worker_serve(comm: Any, supervisor: Pack, device: str, liveness: Liveness | 
     capacity = supervisor.capacity
     comm.send(Ready(comm.rank, socket.gethostname(), device, capacity), dest=0, tag=TAG)
     backoff = Backoff()
+    echoes: dict[int, dict] = {}  # task id -> what its Result adds (protocol.Task)
     try:
         while True:
             msg = comm.improbe(source=0, tag=TAG)
@@ -204,6 +205,8 @@ def worker_serve(comm: Any, supervisor: Pack, device: str, liveness: Liveness | 
                     comm.send(Stopped(comm.rank), dest=0, tag=TAG)  # the last message it sends
                     break
                 if isinstance(obj, Task):
+                    if (echo := getattr(obj.payload, "echo", None)) is not None:
+                        echoes[obj.id] = echo
                     events += supervisor.submit(obj)
                 elif isinstance(obj, Cancel):
                     events += supervisor.cancel(obj.id, obj.status)
@@ -213,6 +216,8 @@ def worker_serve(comm: Any, supervisor: Pack, device: str, liveness: Liveness | 
                 capacity = supervisor.capacity
                 events.append(Ready(comm.rank, socket.gethostname(), device, capacity))
             for ev in events:
+                if ev.__class__ is Result and ev.id in echoes:
+                    ev.metrics.update(echoes.pop(ev.id))
                 comm.send(ev, dest=0, tag=TAG)
             if events:
                 pulse.sent()

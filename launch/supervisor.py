@@ -239,6 +239,10 @@ class Supervisor:
             return events + self._finish(self.cancel_status, None, {}, "did not stop when cancelled", kill=True)
         return events
 
+    def end(self, status: Status, error: str) -> list:
+        """End the running task now, its child killed (one of a spread group failed: launch/spread.py)."""
+        return [] if self.current is None else self._finish(status, None, {}, error, kill=True)
+
     def _finish(self, status, fitness, metrics, error, *, kill: bool) -> list:
         if kill:
             self._kill()

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from galapagos.evolve.engine import Candidate, Engine, EvolutionConfig
+from galapagos.evolve.engine import AUTO, Candidate, Engine, EvolutionConfig
 from galapagos.evolve.errors import ConfigError, SearchExhausted
 from galapagos.evolve.genome import Genome
 from galapagos.evolve.priors import prior_genomes
@@ -50,8 +50,10 @@ def drive(engine: Engine, n: int, fitness=synthetic_fitness, fail_every: int = 0
 def test_config_defaults_and_round_trip():
     cfg = EvolutionConfig()
     assert (cfg.strategy, cfg.population_size, cfg.tournament_size, cfg.crossover_prob, cfg.mutations, cfg.seed) == (
-        "evolution", 16, 4, 0.3, (1, 2), 0,
+        "evolution", AUTO, AUTO, 0.3, (1, 2), 0,
     )
+    assert EvolutionConfig.from_dict({"population_size": "auto", "tournament_size": "auto"}) == cfg
+    assert (cfg.sized(1).population_size, cfg.sized(1).tournament_size) == (16, 4)  # small runs: as always
     assert EvolutionConfig.from_dict(cfg.to_dict()) == cfg
     assert EvolutionConfig.from_dict({}) == cfg
     assert EvolutionConfig.from_dict({"mutations": 3}).mutations == (3, 3)
@@ -65,6 +67,9 @@ def test_config_defaults_and_round_trip():
     [
         ({"strategy": "annealing"}, "strategy"),
         ({"population_size": 0}, "population_size"),
+        ({"population_size": "big"}, "population_size"),
+        ({"tournament_size": -2}, "tournament_size"),
+        ({"cost_tolerance": -0.1}, "cost_tolerance"),
         ({"population_size": 2.5}, "population_size"),
         ({"tournament_size": 0}, "tournament_size"),
         ({"population_size": 8, "tournament_size": 9}, "tournament_size"),
@@ -121,7 +126,9 @@ def test_pending_asks_count_towards_the_random_phase():
     cands = [engine.ask() for _ in range(6)]  # more workers than the population: nothing told yet
     assert all(c.origin in ("prior", "random") for c in cands)
     engine.tell(cands[0].id, 1.0)
-    assert engine.ask().origin in ("mutation", "crossover")  # 7 asked >= 4 and a result exists
+    assert engine.ask().origin in ("prior", "random")  # one result: no tournament of 2 to breed from yet
+    engine.tell(cands[1].id, 0.5)
+    assert engine.ask().origin in ("mutation", "crossover")  # 8 asked >= 4 and a tournament's worth of results
 
 
 def test_no_duplicate_keys_and_failures_are_worst():

@@ -18,6 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from galapagos.config import load_config
+from galapagos.datashare.format import inspect
+from galapagos.evolve.drawn import draw
+from galapagos.evolve.problem import Problem
 from galapagos.examples import shapes
 from tests.cluster import Cluster, cluster_problem, pids_in
 from tests.mpirun import describe_run
@@ -33,7 +37,10 @@ def openmpi() -> tuple[Path, Path]:
     return mpiexec, lib
 
 
-def test_a_dead_worker_rank_leaves_the_job_going(tmp_path):
+@pytest.mark.parametrize("drawn", [False, True], ids=["bred", "drawn"])
+def test_a_dead_worker_rank_leaves_the_job_going(tmp_path, drawn):
+    """`drawn`: a job that breeds ahead, whose first round its workers draw (evolve/drawn.py): the dead rank's draw
+    is drawn again by another worker, the same genome."""
     mpiexec, lib = openmpi()
     data = tmp_path / "shapes.h5"
     shapes.generate(data, samples=120, size=12, seed=1)
@@ -43,6 +50,8 @@ def test_a_dead_worker_rank_leaves_the_job_going(tmp_path):
     cmd = [str(mpiexec), "--with-ft", "ulfm", "--oversubscribe", "-x", "MPI4PY_LIBMPI", "-x", "GALAPAGOS_TEST_MARK",
            "-x", "PYTHONPATH", "-n", "4", sys.executable, "-m", "galapagos.cli", "evolve", "--data", str(data),
            "--out", str(out), "--evaluations", "30", "--set", 'run.task="tests.faulty_tasks:kills_one_rank"']
+    if drawn:
+        cmd += ["--set", "evolution.breeder_workers=3"]
     if os.geteuid() == 0:
         cmd.insert(1, "--allow-run-as-root")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, start_new_session=True)
@@ -56,6 +65,12 @@ def test_a_dead_worker_rank_leaves_the_job_going(tmp_path):
     assert len(summary["failed_ranks"]) == 1 and "lost_ranks" not in summary, summary
     assert "MPI reports its process dead" in proc.stderr and "goes back to the queue" in proc.stderr, proc.stderr
     assert "a dead worker rank leaves the job going (ULFM)" in proc.stderr  # rank 0's doctor line at the start
+    if drawn:
+        config, problem = load_config(out / "config.toml"), Problem.of_dataset(inspect(data))
+        first = sorted((r for r in records if r["id"] < 3), key=lambda r: r["id"])
+        assert [r["origin"] for r in first] == ["random"] * 3
+        seed = config.evolution.seed
+        assert [r["key"] for r in first] == [draw(config.space, problem, seed, i).key for i in range(3)]
 
 
 def ulfm_argv(mpiexec: Path, lib: Path, launcher: Path, hosts: str, n: int, argv: list) -> list[str]:

@@ -194,7 +194,7 @@ def start_workers(session: MasterSession, job: EnsembleJob) -> None:
         plan, memory, _ = dataset_plan(job.data, ("train", "val"), val_fraction=run.val_fraction, seed=run.seed,
                                        chunk_bytes=run.chunk_mib << 20, readers=run.readers or "node")
     session.start(Setup(run.task, str(job.out.logs), liveness=run.liveness(job.out.master_heartbeat),
-                        pack=run.packing), plan, memory)
+                        pack=run.packing, spread=run.spreading), plan, memory)
 
 
 def master_build(session: MasterSession, job: EnsembleJob) -> dict | None:

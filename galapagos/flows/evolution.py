@@ -5,6 +5,7 @@ A run may span several jobs (`--resume`): each checks that its data is the run's
 directory's lock while it runs, and takes its time budget from what the earlier jobs left (clock.json)."""
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
@@ -33,11 +34,14 @@ from galapagos.store.rundir import RunDir
 log = logging.getLogger(__name__)
 
 
-def check(opts: EvolveOptions) -> tuple[Config, DatasetInfo, dict]:
+def check(opts: EvolveOptions, workers: int | None = None) -> tuple[Config, DatasetInfo, dict]:
     """Everything that can be checked before any rank starts: config, data file, run directory (no live run holds
-    it; on --resume, its run was evolved on this same data), seed genomes. Returns the config, the data's info and
-    fingerprint."""
+    it; on --resume, its run was evolved on this same data), seed genomes. Returns the config, its "auto" search
+    sizes resolved for the job's candidates at once (`workers`, rank 0's count; else the options'), the data's info
+    and fingerprint."""
     config = evolve_config(opts)
+    at_once = (workers or opts.workers or default_workers()) * max(config.run.pack, 1)
+    config = dataclasses.replace(config, evolution=config.evolution.sized(at_once))
     check_task(config.run.task)
     check_tracking(config.report)
     if config.train.builder:
@@ -55,10 +59,10 @@ def check(opts: EvolveOptions) -> tuple[Config, DatasetInfo, dict]:
 
 
 def check_room(run: RunDir, config: Config, workers: int) -> None:
-    """Refuse a disk too small for the weights the run keeps (the best, and the population's for inheritance), one
-    being written per worker, and best/."""
-    run.check_room(config.run.keep_models + workers + 1 + config.evolution.inherit * config.evolution.population_size,
-                   config.space.max_params)
+    """Refuse a disk too small for the weights the run keeps (the best, and for inheritance the population's and a
+    parent's per task in flight), one being written per worker, and best/."""
+    inherit = config.evolution.inherit * (config.evolution.population_size + workers)
+    run.check_room(config.run.keep_models + workers + 1 + inherit, config.space.max_params)
 
 
 def check_task(spec: str, key: str = "run.task") -> None:
@@ -85,7 +89,7 @@ def master(comm: Any, opts: EvolveOptions) -> dict:
 def evolve(session: MasterSession, opts: EvolveOptions) -> dict:
     """The run itself, on rank 0: checked and set up, served, summarized."""
     with session.starting():
-        config, info, data = check(opts)
+        config, info, data = check(opts, session.workers)
         run = RunDir.open(opts.out, resume=opts.resume)
         session.hold(run.hold())
         session.on_refusal(run.discard)  # a refused start leaves --out as it found it (the lock still held)
@@ -100,6 +104,7 @@ def evolve(session: MasterSession, opts: EvolveOptions) -> dict:
         elif opts.seed_from:
             seeded = engine.seed(seed_genomes(opts.seed_from, config.evolution.population_size))
             log.info("the population starts from %d genome(s) of %s", seeded, opts.seed_from)
+        drawn = range(0) if records or opts.seed_from else first_draws(engine, config, session.workers)
         engine = breeder(engine, config, session.workers)
         session.while_serving(engine.close)
         plan, memory, info, access, want = data_setup(config.data, config.run, opts.data, info, session.workers)
@@ -111,7 +116,7 @@ def evolve(session: MasterSession, opts: EvolveOptions) -> dict:
         session.while_serving(tracker.close)
     session.while_serving(run.close)
     source = EvolutionSource(engine, config, run, problem, deadline=deadline, records=records,
-                             spent=spent, tracker=tracker, access=access)
+                             spent=spent, tracker=tracker, access=access, drawn=drawn)
     if records:
         log.info("resuming %s: %d evaluation(s) already done in %.0f s of search", run.path, len(records), spent)
     if deadline is not None and deadline <= start:
@@ -123,7 +128,7 @@ def evolve(session: MasterSession, opts: EvolveOptions) -> dict:
              " and ".join(filter(None, [config.run.evaluations and f"{config.run.evaluations} evaluations",
                                         config.run.budget_minutes and f"{config.run.budget_minutes:g} minutes"])))
     session.start(Setup(config.run.task, str(run.logs), want=want, liveness=config.run.liveness(run.master_heartbeat),
-                        pack=config.run.packing),
+                        pack=config.run.packing, spread=config.run.spreading),
                   plan, memory)
     run.begin(config.dumps(), data, resume=opts.resume)  # the run's config and data.json: the job has started
     cpu, serve_start = time.process_time(), time.time()
@@ -168,6 +173,16 @@ def breeder(engine: Engine, config: Config, workers: int) -> Engine | Ahead:
     breeds them ahead (evolve/ahead.py); else the engine itself."""
     n = config.evolution.breeder_workers
     return Ahead(engine, config.train.builder) if 0 < n <= workers else engine
+
+
+def first_draws(engine: Engine, config: Config, workers: int) -> range:
+    """The ids of a fresh run's first round where its workers draw the genomes (evolve/drawn.py): one per worker
+    (fewer under a smaller evaluation budget) in a job that breeds ahead, none in a smaller one. Reserved before the
+    helper gets its copy of the engine."""
+    n = config.evolution.breeder_workers
+    if not 0 < n <= workers:
+        return range(0)
+    return engine.reserve(min(workers, config.run.evaluations or workers))
 
 
 def prefetch(setting: int, workers: int) -> int | None:

@@ -7,13 +7,14 @@ import logging
 import os
 import shutil
 import time
-from collections import defaultdict
+from collections import defaultdict, deque
 from typing import Any
 
 from galapagos.config import Config
 from galapagos.evolve.ahead import Ahead
 from galapagos.evolve.check import count_params
-from galapagos.evolve.engine import Engine
+from galapagos.evolve.drawn import Drawn, draw
+from galapagos.evolve.engine import Candidate, Engine
 from galapagos.evolve.errors import SearchExhausted
 from galapagos.evolve.genome import Genome
 from galapagos.evolve.netdir import NetworkDir
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 # file replaced on every result would add a metadata operation per task to the master on a parallel file system;
 # a job killed outright loses at most this much of its search time from the budget's count.
 CLOCK_EVERY = 10.0
+SWEEP_EVERY = 1.0  # seconds between drops of the weights no longer kept (EvolutionSource.sweep)
 
 
 class EvolutionSource(JournalSource):
@@ -40,8 +42,10 @@ class EvolutionSource(JournalSource):
 
     def __init__(self, engine: Engine | Ahead, config: Config, run: RunDir, problem: Problem, *,
                  deadline: float | None = None, view: ProgressView | None = None, records: list[JournalRecord] = (),
-                 spent: float = 0.0, tracker: Tracker | None = None, access: Any = None):
+                 spent: float = 0.0, tracker: Tracker | None = None, access: Any = None, drawn: range = range(0)):
+        """`drawn`: the ids of the first round, whose workers draw the genomes (evolve/drawn.py)."""
         super().__init__(run, records, view=view, deadline=deadline, keep=False)
+        self.drawn = deque(drawn)
         self.access = access  # how trainers read the training split (galapagos/flows/datamode.py); None: resident
         self.tracker = tracker  # experiment tracking ([report]), if any
         self.spent = spent  # search seconds of the run's earlier jobs
@@ -54,6 +58,7 @@ class EvolutionSource(JournalSource):
         self.best: JournalRecord | None = None
         self.top: list[tuple[float, int]] = []  # (fitness, id) of the best evaluations: their weights are kept
         self.held: set[int] = set()  # evaluations whose weights are in models/
+        self.swept = 0.0  # when the weights no longer kept were last dropped (sweep)
         objectives = config.evolution.objectives
         self.front = Front(objectives) if len(objectives) > 1 else None  # kept in front/ and pareto.json
         self.front_rows: dict[int, dict] = {}  # id -> its line in pareto.json
@@ -62,7 +67,7 @@ class EvolutionSource(JournalSource):
             self._learn(r, live=False)
         if self.front is not None:
             self._sync_front(records)
-        self.held = {i for i in self.held if os.path.exists(self.run.model_path(i))}
+        self.held = {i for i in self.held & self.kept() if os.path.exists(self.run.model_path(i))}
         self.run.prune_models(self.kept())  # weights of tasks that were running when a run was killed
         self.exhausted: str | None = None  # why the space has no new genome left
         self.clocked = 0.0  # when clock.json was last written
@@ -77,6 +82,10 @@ class EvolutionSource(JournalSource):
             return self._task(self.again.popleft())
         if self.exhausted or (self.budget is not None and self.done + len(self.inflight) >= self.budget):
             return None
+        if self.drawn:
+            cid = self.drawn.popleft()
+            self.inflight[cid] = {"parents": [], "origin": "random", "genome": None}
+            return self._task(cid)
         try:
             cand = self.engine.ask()
         except SearchExhausted as exc:
@@ -99,9 +108,11 @@ class EvolutionSource(JournalSource):
             del what["inherits"]
             parent = None
         self.running(cid)
-        payload = TrainTask(what["genome"], self.problem, self.config.train, seed=self.config.run.seed * 1_000_003
+        genome = what["genome"]
+        drawn = None if genome is not None else Drawn(self.engine.space, self.engine.config.seed, cid)
+        payload = TrainTask(genome, self.problem, self.config.train, seed=self.config.run.seed * 1_000_003
                             + cid, save=self.run.model_path(cid), data=self.access,
-                            inherit=None if parent is None else self.run.model_path(parent))
+                            inherit=None if parent is None else self.run.model_path(parent), drawn=drawn)
         return Task(cid, payload, self.config.run.task_timeout)
 
     def finished(self) -> bool:
@@ -118,7 +129,10 @@ class EvolutionSource(JournalSource):
         if time.time() - self.clocked >= CLOCK_EVERY:
             self.run.record_seconds(self.search_seconds())
             self.clocked = time.time()
-        record = self.journal_result(r, self.inflight.pop(r.id))
+        what = self.inflight.pop(r.id)
+        if what["genome"] is None and r.status != Status.CANCELLED:
+            self._adopt_drawn(r, what)
+        record = self.journal_result(r, what)
         if record is None:  # cancelled (no weights: the run's end prunes models/): a resumed run breeds afresh
             return
         self.engine.tell(r.id, r.fitness, r.status, objective_values(record, self.config.evolution.objectives))
@@ -128,6 +142,18 @@ class EvolutionSource(JournalSource):
             self.run.save_network(self.run.best, record, self._network_extra(record))
         if r.status not in (Status.OK, Status.PRUNED):
             self.warn(f"eval {r.id}", r)
+
+    def _adopt_drawn(self, r: Result, what: dict) -> None:
+        """A drawn candidate's genome, as its worker sent it back (drawn again here where the result came from
+        rank 0 itself: a task given up), taken into the engine as if asked there."""
+        genome = r.metrics.pop("genome", None)
+        params = r.metrics.pop("params", None)
+        if not isinstance(genome, Genome):
+            genome = draw(self.engine.space, self.problem, self.engine.config.seed, r.id)
+        if params is None:
+            params = count_params(genome, self.problem, self.config.train.builder)
+        what.update(genome=genome, key=genome.key, params=params)
+        self.engine.adopt(Candidate(r.id, genome, (), "random", params))
 
     def _network_extra(self, record: JournalRecord) -> dict:
         """What a saved network's metrics.json holds besides the record's own values."""
@@ -151,22 +177,34 @@ class EvolutionSource(JournalSource):
         bisect.insort(self.top, (-record.fitness, record.id))
         del self.top[self.config.run.keep_models:]
         self.held.add(record.id)
-        kept = self.kept()
-        for dropped in self.held - kept:
-            self.run.drop_model(dropped)
-        self.held &= kept
+        if live and time.monotonic() - self.swept >= SWEEP_EVERY:
+            self.sweep()
         if self.best is None or record.fitness > self.best.fitness:
             self.best = record
             return True
         return False
 
+    def sweep(self) -> None:
+        """Drop the weights no longer kept. Once every SWEEP_EVERY seconds, not per result: the kept set is the
+        population's size (up to 4,096) and rank 0 finishes hundreds of evaluations a second at whole-machine
+        scale; a file dropped a second late costs nothing."""
+        self.swept = time.monotonic()
+        kept = self.kept()
+        for dropped in self.held - kept:
+            self.run.drop_model(dropped)
+        self.held &= kept
+
     def kept(self) -> set[int]:
         """Whose weights stay in models/: the best `run.keep_models` evaluations and, for children to inherit
-        from, the engine's population."""
+        from, the engine's population and the parents of every child asked and not yet told: a parent that ages
+        out of the population while its child waits for a worker or trains keeps the weights the child loads. With
+        nothing in flight (the end of a job, whose cancelled children the engine was never told of) none is needed."""
         kept = {i for _, i in self.top}
         if self.config.evolution.inherit:
             kept.update(c.id for c, _ in (self.engine.elite if self.engine.multi_objective else
                                           self.engine.population))
+            if self.inflight:
+                kept.update(self.engine.pending_parents())
         return kept
 
     def _place(self, record: JournalRecord, live: bool) -> None:

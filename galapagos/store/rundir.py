@@ -26,6 +26,7 @@ from galapagos.evolve.files import write_json
 from galapagos.evolve.netdir import NetworkDir
 from galapagos.store.fingerprint import STRUCTURE, data_fingerprint, describe_data, what_changed
 from galapagos.store.journal import JournalRecord
+from galapagos.store.reaper import Reaper
 from galapagos.store.runlock import RunLock
 
 # Seconds between fsyncs of the journal. An fsync per evaluation costs milliseconds on a parallel file system; at
@@ -203,6 +204,7 @@ class RunDir(JournalDir):
         self._found: set[str] | None = _BEGUN  # what open() found in the directory (None: no directory yet)
         self._made: list[Path] = []  # the missing parent directories open() made, deepest first
         self._lock = None  # this job's lock (hold)
+        self._reaper = Reaper()  # drop_model's deletions
 
     @classmethod
     def check(cls, path: str | Path, *, resume: bool) -> "RunDir":
@@ -317,12 +319,13 @@ class RunDir(JournalDir):
         cost rank 0 more than the rest of the task's bookkeeping, bench/scale.py)."""
         return f"{self._models}/{eval_id}.pt"
 
+    def close(self) -> None:
+        self._reaper.wait()
+        super().close()
+
     def drop_model(self, eval_id: int) -> None:
-        """Delete an evaluation's weights, if any."""
-        try:
-            os.unlink(self.model_path(eval_id))
-        except FileNotFoundError:
-            pass
+        """Delete an evaluation's weights, if any, off the caller's path (store/reaper.py); close() waits for it."""
+        self._reaper.delete(self.model_path(eval_id))
 
     def front_dir(self, eval_id: int) -> Path:
         """The network directory of a member of the Pareto front (front/ID)."""
@@ -375,6 +378,7 @@ class RunDir(JournalDir):
     def prune_models(self, keep: Iterable[int]) -> None:
         """Delete every weights file but those of `keep`, and any a killed trainer left half-written."""
         keep = {f"{i}.pt" for i in keep}
+        self._reaper.wait()
         for f in [*self.models.glob("*.pt"), *self.models.glob(".*.pt.tmp*")]:
             if f.name not in keep:
                 f.unlink(missing_ok=True)
