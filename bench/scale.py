@@ -60,6 +60,7 @@ from bench.master_cost import timed_source
 from galapagos.config import load_config
 from galapagos.evolve.ahead import START_WAIT, Ahead
 from galapagos.evolve.problem import Problem
+from galapagos.flows.evolution_source import Median
 from galapagos.launch.protocol import (Alive, Cancel, Liveness, Progress, RankFailed, Ready, Result, Status, Stop,
                                        Stopped, Task)
 
@@ -380,7 +381,7 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
             source, appends = timed_source(keep or tmp, problem, config, workers)
             for inherited in (False, True):  # the peers the median rule has once the run is under way (see MIX)
                 for epoch in range(1, EPOCHS + 1):
-                    source.by_epoch[inherited, epoch] = [curve_value(epoch)] * config.run.prune_min_results
+                    source.by_epoch[inherited, epoch] = Median([curve_value(epoch)] * config.run.prune_min_results)
             if isinstance(source.engine, Ahead):  # its start overlaps sharing the data in a run: let it start
                 source.engine.up.poll(START_WAIT)
             start = clock.time()

@@ -200,3 +200,18 @@ def test_fresh_and_inheriting_candidates_are_judged_against_their_own_kind(tmp_p
     assert report(source, child, [0.6, 0.6]) == [None, Status.PRUNED]  # below its own kind's
     records = {r.id: r for r in journal(source)}
     assert all(records[i].inherits is not None for i in records if records[i].curve == [0.9] * 6)
+
+
+def test_the_running_median_is_the_median_of_everything_added():
+    import random
+    import statistics
+
+    from galapagos.flows.evolution_source import Median
+
+    rng = random.Random(3)
+    for values in ([0.5], [0.2, 0.9], [rng.choice([0.1, 0.5, 0.5, 0.9]) for _ in range(101)],
+                   [rng.random() for _ in range(1000)]):
+        m = Median()
+        for i, v in enumerate(values, 1):
+            m.add(v)
+            assert len(m) == i and m.median() == statistics.median(values[:i])
