@@ -17,7 +17,7 @@ from typing import Any
 from galapagos.launch.placement import core_count
 from galapagos.launch.protocol import Result, Status, Task
 from galapagos.launch.spread import Spread, spread_width
-from galapagos.launch.supervisor import Supervisor
+from galapagos.launch.supervisor import Children, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ def measured(job: Measured, ctx: Any) -> dict:
     return {**out, "metrics": metrics}
 
 
-class Pack:
+class Pack(Children):
     """The trainer children of one worker rank, all on its one device, each a Supervisor running one task at a
     time: `capacity` tasks train at once (run.pack), those beyond wait here for a free child. k Supervisors rather
     than one holding k children: each keeps its own time limit, cancel and crash handling as it was, and this only
@@ -100,23 +100,9 @@ class Pack:
         return len(self.children)
 
     @property
-    def waiting(self) -> Callable[[], object]:
-        return self._waiting
-
-    @waiting.setter
-    def waiting(self, fn: Callable[[], object]) -> None:
-        self._waiting = fn
-        for child in self.children:
-            child.waiting = fn
-
-    @property
     def proc(self) -> subprocess.Popen | None:
         """The first child's process."""
         return self.children[0].proc
-
-    def start(self) -> None:
-        for child in self.children:
-            child.start()
 
     def place(self, task_fn: str, *, cores: list[int] | None = None, device: str = "cpu",
               devices: tuple[str, ...] = (), log_path: Path | None = None, pack: int | str = 1,

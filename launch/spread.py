@@ -27,7 +27,7 @@ from typing import Any
 
 from galapagos.launch.placement import core_count
 from galapagos.launch.protocol import Result, Status, Task
-from galapagos.launch.supervisor import Supervisor
+from galapagos.launch.supervisor import Children, Supervisor
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +138,7 @@ def needs_group(payload: Any, device: str) -> bool:
     return need.total > MEMORY_SHARE * free
 
 
-class Spread:
+class Spread(Children):
     """The trainer children of one worker rank that train each of its tasks together, one per device: where Pack
     holds one Supervisor, it holds this instead (launch/packing.py)."""
 
@@ -168,20 +168,6 @@ class Spread:
     @property
     def proc(self):
         return self.children[0].proc
-
-    @property
-    def waiting(self) -> Callable[[], object]:
-        return self._waiting
-
-    @waiting.setter
-    def waiting(self, fn: Callable[[], object]) -> None:
-        self._waiting = fn
-        for child in self.children:
-            child.waiting = fn
-
-    def start(self) -> None:
-        for child in self.children:
-            child.start()
 
     def attach(self, data: dict | None) -> None:
         for child in self.children:

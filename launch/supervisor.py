@@ -267,6 +267,28 @@ class Supervisor:
         return ([self.current] if self.current else []) + list(self.queue)
 
 
+class Children:
+    """What a holder of several Supervisors (Pack, Spread) passes on to each of them: the hook it calls while it
+    waits for a child, and the start."""
+
+    children: list
+    _waiting: Callable[[], object]
+
+    @property
+    def waiting(self) -> Callable[[], object]:
+        return self._waiting
+
+    @waiting.setter
+    def waiting(self, fn: Callable[[], object]) -> None:
+        self._waiting = fn
+        for child in self.children:
+            child.waiting = fn
+
+    def start(self) -> None:
+        for child in self.children:
+            child.start()
+
+
 def _describe_exit(code: int | None) -> str:
     if code is None:
         return "unknown exit"
