@@ -14,7 +14,7 @@ from typing import Any, Iterable
 from galapagos.config import Config
 from galapagos.evolve.ahead import Ahead
 from galapagos.evolve.check import count_params
-from galapagos.evolve.drawn import Drawn, draw
+from galapagos.evolve.drawn import Drawn
 from galapagos.evolve.engine import Candidate, Engine
 from galapagos.evolve.errors import SearchExhausted
 from galapagos.evolve.genome import Genome
@@ -68,8 +68,9 @@ class EvolutionSource(JournalSource):
             self._learn(r, live=False)
         if self.front is not None:
             self._sync_front(records)
-        self.held = {i for i in self.held & self.kept() if os.path.exists(self.run.model_path(i))}
-        self.run.prune_models(self.kept())  # weights of tasks that were running when a run was killed
+        kept = self.kept()
+        self.held = {i for i in self.held & kept if os.path.exists(self.run.model_path(i))}
+        self.run.prune_models(kept)  # weights of tasks that were running when a run was killed
         self.exhausted: str | None = None  # why the space has no new genome left
         self.clocked = 0.0  # when clock.json was last written
 
@@ -110,7 +111,7 @@ class EvolutionSource(JournalSource):
             parent = None
         self.running(cid)
         genome = what["genome"]
-        drawn = None if genome is not None else Drawn(self.engine.space, self.engine.config.seed, cid)
+        drawn = None if genome is not None else self._draw(cid)
         payload = TrainTask(genome, self.problem, self.config.train, seed=self.config.run.seed * 1_000_003
                             + cid, save=self.run.model_path(cid), data=self.access,
                             inherit=None if parent is None else self.run.model_path(parent), drawn=drawn)
@@ -144,13 +145,16 @@ class EvolutionSource(JournalSource):
         if r.status not in (Status.OK, Status.PRUNED):
             self.warn(f"eval {r.id}", r)
 
+    def _draw(self, cid: int) -> Drawn:
+        return Drawn(self.engine.space, self.engine.config.seed, cid)
+
     def _adopt_drawn(self, r: Result, what: dict) -> None:
         """A drawn candidate's genome, as its worker sent it back (drawn again here where the result came from
         rank 0 itself: a task given up), taken into the engine as if asked there."""
         genome = r.metrics.pop("genome", None)
         params = r.metrics.pop("params", None)
         if not isinstance(genome, Genome):
-            genome = draw(self.engine.space, self.problem, self.engine.config.seed, r.id)
+            genome = self._draw(r.id).genome(self.problem)
         if params is None:
             params = count_params(genome, self.problem, self.config.train.builder)
         what.update(genome=genome, key=genome.key, params=params)
