@@ -1,6 +1,7 @@
 """Candidates per hour on one device: packed (run.pack = k trainer children at once) against one at a time.
 
-    python -m bench.packing [--seconds 60] [--rounds 2] [--packs 2 4 auto] [--epochs 2] [--device cuda:0]
+    python -m bench.packing [--seconds 60] [--rounds 2] [--packs 2 4 auto] [--streams 4 8] [--epochs 2]
+                            [--device cuda:0]
 
 The worker side as a worker rank runs it (launch/packing.py's Pack: real trainer children under their Supervisors,
 each task sent down its pipe, each Result read back), on this machine's first GPU or else its CPU cores. Two
@@ -16,6 +17,7 @@ each with its share of them as threads.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import tempfile
 import time
@@ -56,7 +58,8 @@ def train_one(payload: dict, ctx) -> dict:
     problem, data = ctx.cache[key]
     genome = Genome.from_json({"layers": payload["layers"], "optimizer": "adam", "lr": 3e-3, "batch_size": 64,
                                "weight_decay": 0.0, "head": "avg"})
-    summary, _ = train_candidate(genome, problem, data, TrainConfig(epochs=payload["epochs"]), device=ctx.device,
+    config = TrainConfig(epochs=payload["epochs"], cuda_graphs=payload.get("graphs", True))
+    summary, _ = train_candidate(genome, problem, data, config, device=ctx.device,
                                  seed=payload["seed"], report=ctx.report)
     return {"fitness": summary.pop("fitness"), "metrics": {"params": summary["params"]}}
 
@@ -94,19 +97,64 @@ def run_setting(pack: int | str, payloads: list[dict], seconds: float, device: s
         for _ in range(workers.capacity + 1):
             send()
         start = time.time()
-        end, ok, params = start + seconds, 0, []
+        end, ok, params, errors = start + seconds, 0, [], []
         while time.time() < end:
             for r in results(end):
                 if r.status == Status.OK and r.ended <= end:
                     ok += 1
                     params.append(r.metrics.get("params", 0))
+                elif r.status != Status.OK:
+                    errors.append(f"{r.status}: {r.error}")
                 send()
         for task in workers.pending():
             workers.cancel(task.id, Status.CANCELLED)
         return {"pack": pack, "k": workers.capacity, "ok": ok, "per_hour": ok / seconds * 3600,
-                "max_params": max(params, default=0)}
+                "max_params": max(params, default=0), "failed": len(errors), "first_error": errors[:1]}
     finally:
         workers.stop()
+
+
+def run_streams(k: int, payloads: list[dict], seconds: float, device: str) -> dict:
+    """The other way to share a GPU: `k` candidates at once in this one process, a thread each on a CUDA stream of
+    its own (torch's current stream is per thread), measured as run_setting measures the children. Without CUDA
+    graphs: captures from several threads of one process at once break each other (torch's generator state cannot
+    be registered during another thread's capture; the process aborts)."""
+    import threading
+    from types import SimpleNamespace
+
+    import torch
+
+    ctx = SimpleNamespace(cache={}, device=device, report=lambda metrics: None)
+    payloads = [{**p, "graphs": False} for p in payloads]
+    train_one(payloads[0], ctx)  # the data read and moved once, before the threads share the cache
+    nth, ok, lock = [0], [], threading.Lock()
+
+    def loop(until: float | None, warm: int) -> None:
+        gpu = device.startswith("cuda")
+        with torch.cuda.stream(torch.cuda.Stream(device)) if gpu else contextlib.nullcontext():
+            while warm > 0 or (until is not None and time.time() < until):
+                with lock:
+                    payload = payloads[nth[0] % len(payloads)]
+                    nth[0] += 1
+                out = train_one(payload, ctx)
+                if gpu:
+                    torch.cuda.current_stream().synchronize()
+                warm -= 1
+                if until is not None and time.time() <= until:
+                    ok.append(out["metrics"]["params"])
+
+    def together(until: float | None, warm: int) -> None:
+        threads = [threading.Thread(target=loop, args=(until, warm)) for _ in range(k)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+
+    together(None, 2)  # warm-up: every thread trains twice
+    nth[0] = 0
+    together(time.time() + seconds, 0)  # a candidate still running at the end is not counted
+    return {"pack": f"streams {k}", "k": k, "ok": len(ok), "per_hour": len(ok) / seconds * 3600,
+            "max_params": max(ok, default=0)}
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -117,22 +165,29 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=list(KINDS))
+    p.add_argument("--streams", nargs="*", type=int, default=[],
+                   help="also k candidates as threads of this process, each on a CUDA stream of its own on a GPU")
+    p.add_argument("--no-graphs", action="store_true", help="train without CUDA graphs (train.cuda_graphs = false)")
     p.add_argument("--device", default=None, help="default: the placement's first device (a GPU, else cpu)")
     args = p.parse_args(argv)
     device = args.device or place(0, 1).device
     cores = sorted(os.sched_getaffinity(0))
     packs: list[int | str] = [1] + [int(k) if k.isdigit() else k for k in args.packs]
+    packs += [f"streams {k}" for k in args.streams]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for kind in args.kinds:
             module, genomes = KINDS[kind]
             path = Path(tmp) / f"{module}.h5"
             __import__(f"galapagos.examples.{module}", fromlist=["generate"]).generate(path, samples=2000)
-            payloads = [{"data": str(path), "layers": g, "epochs": args.epochs, "seed": i}
+            payloads = [{"data": str(path), "layers": g, "epochs": args.epochs, "seed": i, "graphs": not args.no_graphs}
                         for i, g in enumerate(genomes)]
             for r in range(args.rounds):  # the settings alternate, their order rotating: machine noise hits all
                 for pack in packs[r % len(packs):] + packs[:r % len(packs)]:
-                    row = run_setting(pack, payloads, args.seconds, device, cores)
+                    if str(pack).startswith("streams"):
+                        row = run_streams(int(pack.split()[1]), payloads, args.seconds, device)
+                    else:
+                        row = run_setting(pack, payloads, args.seconds, device, cores)
                     rows.append({"kind": kind, "round": r, **row})
                     print(f"# {kind} round {r} pack={pack}: {row}", flush=True)
     print(f"\nDevice: {device} ({len(cores)} cores), {args.seconds:g} s per setting and round, {args.rounds} rounds, "

@@ -67,6 +67,7 @@ def measured(job: Measured, ctx: Any) -> dict:
     key = ("measured", job.task_fn)
     if key not in ctx.cache:
         ctx.cache[key] = load_function(job.task_fn, "task function")
+    torch.cuda.init()  # the caching allocator's statistics exist once CUDA is initialized: before, "Invalid device"
     torch.cuda.reset_peak_memory_stats(ctx.device)
     out = ctx.cache[key](job.payload, ctx) or {}
     free, _ = torch.cuda.mem_get_info(ctx.device)

@@ -41,20 +41,20 @@ def describe_run(proc: subprocess.CompletedProcess) -> str:
 
 def run_mpi(n: int, args: Sequence[str | os.PathLike], timeout: float = 120,
             env: Mapping[str, str] | None = None, cwd: str | os.PathLike | None = None,
-            abort_on_error: bool = True) -> subprocess.CompletedProcess:
+            abort_on_error: bool = True, whole_env: bool = False) -> subprocess.CompletedProcess:
     """Run ``mpiexec -n n python -m mpi4py *args`` and return its result (stdout/stderr as text).
 
     On timeout the job's process group is killed and the test fails with the output seen so far. The repo
     root is on PYTHONPATH and is the default working directory, so scripts can import the project.
     `abort_on_error=False` runs ``python *args`` instead, as a Galapagos job's ranks run (galapagos.flows.ranks): an
     uncaught exception then leaves its rank in MPI_Finalize instead of ending the job (mpi4py's MPI_Abort).
+    `env` holds variables set over this process's environment, or with `whole_env` the whole environment (the
+    `gpu_env` fixture's, which leaves out the variables that hide the GPUs).
     """
     cmd = [mpiexec(), "-n", str(n), sys.executable, *(["-m", "mpi4py"] if abort_on_error else []), *map(str, args)]
-    full_env = dict(os.environ)
+    full_env = dict(env or {}) if whole_env else {**os.environ, **(env or {})}
     full_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), full_env.get("PYTHONPATH", "")) if p)
     full_env.setdefault("PYTHONUNBUFFERED", "1")
-    if env:
-        full_env.update(env)
     proc = subprocess.Popen(cmd, cwd=str(cwd or REPO), env=full_env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:

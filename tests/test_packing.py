@@ -73,7 +73,8 @@ def serve(mode: str, where: str, pack: str) -> None:
 
 
 def job(mode: str, tmp_path: Path, pack: str = "2", env: dict | None = None) -> dict:
-    proc = run_mpi(2, [__file__, mode, tmp_path, pack], timeout=180, env=env, abort_on_error=False)
+    proc = run_mpi(2, [__file__, mode, tmp_path, pack], timeout=180, env=env, abort_on_error=False,
+                   whole_env=env is not None)
     assert proc.returncode == 0, describe_run(proc)
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
