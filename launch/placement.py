@@ -1,4 +1,4 @@
-"""Where a worker trains: its GPU and an even share of the physical cores nearest that GPU.
+"""Where a worker trains: its GPUs and an even share of the physical cores nearest them.
 
 One module answers every question about the node, from files and environment variables only, so the MPI rank never
 initialises CUDA, ROCm or Level Zero (the trainer child is the first to touch the device): which GPUs this process
@@ -29,7 +29,7 @@ class Placement:
     local_workers: int
     threads: int = 1  # torch threads: the physical cores among `cores`, not their hardware threads
     devices: tuple[str, ...] = ()  # every device it owns, `device` first: more where a node has fewer worker ranks
-    # than GPUs (GPU k goes to worker k % workers), for run.spread (launch/spread.py)
+    # than GPUs (worker j of w owns the neighbouring GPUs j*n//w .. (j+1)*n//w - 1), for run.spread (launch/spread.py)
 
 
 @dataclass(frozen=True)
@@ -246,49 +246,70 @@ def core_count(cpus: list[int] | tuple[int, ...], root: str | os.PathLike = "/")
 
 
 # -- splitting the node --------------------------------------------------------------------------------------------
-def _share(cores: list[tuple[int, ...]], i: int, m: int) -> tuple[int, ...]:
-    """Member i's even share of `cores` among m members: whole physical cores while there are enough for each,
-    else hardware threads, else (more members than threads) one thread each, round-robin."""
+def _share(cores: list[tuple[int, ...]], i: int, weights: list[int]) -> tuple[int, ...]:
+    """Member i's share of `cores`, in order, among members weighted by their GPUs (an even share per GPU, so a
+    worker with two GPUs takes what two workers with one each would): whole physical cores while there are enough
+    for each member, else hardware threads, else (more members than threads) one thread each, round-robin. With
+    fewer units than GPUs the members share evenly, so that none is left without."""
+    m = len(weights)
     units = cores if m <= len(cores) else [(cpu,) for core in cores for cpu in core]
     if m > len(units):
         return units[i % len(units)]
-    return tuple(sorted(cpu for unit in units[i * len(units) // m:(i + 1) * len(units) // m] for cpu in unit))
+    if sum(weights) > len(units):
+        weights = [1] * m
+    lo, total, u = sum(weights[:i]), sum(weights), len(units)
+    return tuple(sorted(cpu for unit in units[lo * u // total:(lo + weights[i]) * u // total] for cpu in unit))
+
+
+def _gpus(index: int, workers: int, n: int) -> range:
+    """The GPUs (of n) worker `index` of `workers` owns. With fewer workers than GPUs, a block of neighbours,
+    [index*n//workers, (index+1)*n//workers): device order is PCI order, so a block holds the two GCDs of one
+    MI250X (Frontier) or the two tiles of one PVC (Aurora), and a spread group over it talks over the fastest
+    links. Otherwise the GPU it shares with other workers, index % n."""
+    if workers < n:
+        return range(index * n // workers, (index + 1) * n // workers)
+    return range(index % n, index % n + 1)
 
 
 def _groups(cores: list[tuple[int, ...]], topology: Topology, workers: int) -> list[tuple[list, list[int]]] | None:
-    """(the cores, the workers that split them) for each locality domain, or None where a GPU's is unknown.
+    """(the cores, the workers that split them) for each locality domain, or None where a worker's is unknown.
 
-    Worker j uses GPU j % gpus; the cores nearest a GPU are its domain; GPUs whose domains overlap (two GCDs of
-    one NUMA node) form one group. A group's workers are ordered by GPU, so each GPU's workers take neighbouring
-    cores (on Frontier GCD 0 gets 49-55 and GCD 1 57-63 of NUMA node 3)."""
+    The cores nearest a GPU are its domain; a group is the domains of GPUs whose domains overlap (two GCDs of one
+    NUMA node) or whose owners overlap (a worker with several GPUs, several workers on one GPU): a worker's cores
+    come from the domains of all its GPUs, shared with every other worker owning a GPU there. A group's workers are
+    ordered by their first GPU and its cores by the first GPU nearest them, so each worker takes the cores nearest
+    its own GPUs (on Frontier GCD 0 gets 49-55 and GCD 1 57-63 of NUMA node 3)."""
     n = len(topology.gpus)
-    used = range(min(n, workers))
-    domains = [{c for c in cores if topology.gpus[k].cpus.intersection(c)} for k in used]
-    if not all(domains):
+    domains = [{c for c in cores if gpu.cpus.intersection(c)} for gpu in topology.gpus]
+    mine = [_gpus(j, workers, n) for j in range(workers)]
+    if not all(any(domains[k] for k in ks) for ks in mine):
         return None
-    groups: list[tuple[set, set[int]]] = []  # (cores, GPUs)
-    for k in used:
-        merged = [g for g in groups if g[0] & domains[k]]
-        groups = [g for g in groups if not g[0] & domains[k]]
-        groups.append((set(domains[k]).union(*(g[0] for g in merged)), {k}.union(*(g[1] for g in merged))))
-    return [(sorted(c), sorted((j for j in range(workers) if j % n in ks), key=lambda j: (j % n, j)))
-            for c, ks in groups]
+    first = {c: k for k in reversed(range(n)) for c in domains[k]}  # each core's first GPU
+    groups: list[tuple[set, set[int]]] = []  # (cores, workers)
+    for k in range(n):
+        owners = {j for j, ks in enumerate(mine) if k in ks}
+        merged = [g for g in groups if g[0] & domains[k] or g[1] & owners]
+        groups = [g for g in groups if g not in merged]
+        groups.append((domains[k].union(*(g[0] for g in merged)), owners.union(*(g[1] for g in merged))))
+    return [(sorted(c, key=lambda core: (first[core], core)), sorted(js, key=lambda j: (mine[j][0], j)))
+            for c, js in groups]
 
 
 def owned(index: int, workers: int, topology: Topology) -> tuple[str, ...]:
-    """Worker `index`'s devices among `workers`: GPU k for every k with k % workers == index (more than one where
-    the node has fewer workers than GPUs), else the GPU it shares, index % gpus; ("cpu",) without GPUs."""
+    """Worker `index`'s devices among `workers`: a block of neighbouring GPUs where the node has fewer workers than
+    GPUs (worker j of w owns GPUs j*n//w up to (j+1)*n//w - 1 of n), else the GPU it shares, index % n; ("cpu",)
+    without GPUs."""
     n = len(topology.gpus)
     if not n:
         return ("cpu",)
-    return tuple(f"{topology.kind}:{k}" for k in [k for k in range(n) if k % workers == index] or [index % n])
+    return tuple(f"{topology.kind}:{k}" for k in _gpus(index, workers, n))
 
 
 def place(local_index: int, local_workers: int, *, allowed: list[int] | None = None,
           topology: Topology | None = None) -> Placement:
-    """Worker `local_index` of `local_workers`: GPU local_index % gpus and an even share of the physical cores
-    nearest it among `allowed` (those it may use; by default this process's). Workers whose GPUs share a
-    locality domain split it; where the topology is unknown, or no allowed core is near a GPU, the allowed
+    """Worker `local_index` of `local_workers`: the GPUs it owns (see owned) and an even share per GPU of the physical
+    cores nearest them among `allowed` (those it may use; by default this process's). Workers whose GPUs share a
+    locality domain split it; where the topology is unknown, or no allowed core is near a worker's GPUs, the allowed
     cores are split in numeric order. All hardware threads of a core go to one worker while every worker can
     have a whole core; with more workers than that, they share round-robin rather than leave any with none.
     """
@@ -298,7 +319,8 @@ def place(local_index: int, local_workers: int, *, allowed: list[int] | None = N
     me, n = local_index % workers, len(topology.gpus)
     groups = _groups(cores, topology, workers) if n else None
     group = next((g for g in groups if me in g[1]), None) if groups else None
-    share = _share(cores, me, workers) if group is None else _share(group[0], group[1].index(me), len(group[1]))
+    among, members = (cores, list(range(workers))) if group is None else group
+    share = _share(among, members.index(me), [len(_gpus(j, workers, n)) if n else 1 for j in members])
     devices = owned(me, workers, topology)
     return Placement(devices[0], share, local_index, local_workers, len({topology.core(c) for c in share}), devices)
 

@@ -143,6 +143,8 @@ def test_evolve_with_run_pack_two_trains_two_candidates_at_once(tmp_path):
     assert sorted(ids) == list(range(8)), ids
     spans = sorted(tuple(map(float, p.read_text().split())) for p in notes_dir.iterdir())
     assert any(b[0] < a[1] for a, b in zip(spans, spans[1:])), spans  # two ran at once
+    summary = json.loads((out / "summary.json").read_text())  # utilization counts the rank's two candidate slots
+    assert summary["workers"] == 1 and summary["slots"] == 2 and 0 < summary["worker_utilization"] <= 1, summary
 
 
 @pytest.mark.gpu

@@ -42,9 +42,10 @@ def threads_of(spec: dict, cores: str) -> list[int]:
     return sorted(c + i * n if spec["layout"] == "stride" else c * t + i for c in cpulist(cores) for i in range(t))
 
 
-def node(tmp_path: Path, name: str) -> tuple[Path, dict, list[int]]:
-    """A recorded node as a fake sysfs: (its root, its description, the CPUs a process there may use)."""
-    spec = json.loads((FIXTURES / f"{name}.json").read_text())
+def node(tmp_path: Path, name: str, spec: dict | None = None) -> tuple[Path, dict, list[int]]:
+    """A recorded node (or `spec`, described the same way) as a fake sysfs: (its root, its description, the CPUs a
+    process there may use)."""
+    spec = spec or json.loads((FIXTURES / f"{name}.json").read_text())
     root = tmp_path / name
     for core in range(spec["cores"]):
         threads = threads_of(spec, str(core))
@@ -107,13 +108,79 @@ def test_frontier_gcds_pair_with_their_l3_regions(tmp_path):
     assert p[4].cores == tuple(range(1, 8)) + tuple(range(65, 72))
 
 
-def test_fewer_workers_than_gpus_take_the_first_gpus(tmp_path):
-    root, spec, allowed = node(tmp_path, "perlmutter")
+# 8 GPUs in PCI order over 4 NUMA nodes of 8 cores (SMT2), two GPUs each: a node where order and locality agree
+EIGHT = {"cores": 32, "threads": 2, "layout": "stride", "local_cpulist": True,
+         "numa": {str(d): f"{8 * d}-{8 * d + 7}" for d in range(4)}, "allowed": "0-31",
+         "gpus": [{"address": f"0000:{16 * (k + 1):02x}:00.0", "numa": k // 2} for k in range(8)],
+         "gpu": {"vendor": "0x10de", "class": "0x030200", "driver": "nvidia"}, "kind": "cuda",
+         "nearest": [f"{8 * (k // 2)}-{8 * (k // 2) + 7}" for k in range(8)]}
+
+
+def check_blocks(spec: dict, topo: Topology, allowed: list[int], workers: int) -> list:
+    """Fewer workers than GPUs: each owns a block of neighbouring GPUs and cores nearest them, no core is shared,
+    and every allowed core near a GPU is someone's; returns the placements."""
+    n = len(topo.gpus)
+    shares = [place(i, workers, allowed=allowed, topology=topo) for i in range(workers)]
+    assert [p.devices for p in shares] == [tuple(f"{spec['kind']}:{k}" for k in range(i * n // workers,
+                                                                                       (i + 1) * n // workers))
+                                           for i in range(workers)]
+    assert all(p.device == p.devices[0] for p in shares)
+    used = [c for p in shares for c in p.cores]
+    assert len(used) == len(set(used)), "shares overlap"
+    near = {k: set(threads_of(spec, spec["nearest"][k])) & set(allowed) for k in range(n)}
+    assert set(used) == set().union(*near.values()), "a core near a GPU is left idle, or one near none is used"
+    for i, p in enumerate(shares):
+        mine = set().union(*(near[int(d.split(":")[1])] for d in p.devices))
+        assert p.cores and set(p.cores) <= mine, f"worker {i} ({p.devices}) has cores {p.cores} not nearest its GPUs"
+        assert {c for cpu in p.cores for c in topo.siblings[cpu]} & set(allowed) == set(p.cores), f"worker {i}: part"
+        assert p.threads == len(p.cores) // spec["threads"]
+    return shares
+
+
+@pytest.mark.parametrize("name", NODES)
+def test_fewer_workers_than_gpus_own_blocks_and_the_cores_of_all_their_gpus(tmp_path, name):
+    root, spec, allowed = node(tmp_path, name)
     topo = read_topology(root, env={})
-    p = [place(i, 2, allowed=allowed, topology=topo) for i in range(2)]
-    assert [x.device for x in p] == ["cuda:0", "cuda:1"]
-    assert p[0].cores == tuple(threads_of(spec, "48-63")) and p[1].cores == tuple(threads_of(spec, "32-47"))
-    assert p[0].threads == 16
+    for workers in range(1, len(topo.gpus)):
+        check_blocks(spec, topo, allowed, workers)
+
+
+def test_two_and_four_workers_on_eight_gpus_two_per_numa_node(tmp_path):
+    root, spec, allowed = node(tmp_path, "eight", EIGHT)
+    topo = read_topology(root, env={})
+    two = check_blocks(spec, topo, allowed, 2)
+    assert two[0].devices == ("cuda:0", "cuda:1", "cuda:2", "cuda:3") and two[1].device == "cuda:4"
+    assert [(p.cores, p.threads) for p in two] == [(tuple(threads_of(spec, "0-15")), 16),
+                                                   (tuple(threads_of(spec, "16-31")), 16)]
+    four = check_blocks(spec, topo, allowed, 4)
+    assert [p.devices for p in four] == [(f"cuda:{2 * j}", f"cuda:{2 * j + 1}") for j in range(4)]
+    assert [p.cores for p in four] == [tuple(threads_of(spec, f"{8 * j}-{8 * j + 7}")) for j in range(4)]
+
+
+def test_three_workers_on_eight_gpus_split_the_numa_node_two_of_them_share(tmp_path):
+    root, spec, allowed = node(tmp_path, "eight", EIGHT)
+    topo = read_topology(root, env={})
+    three = check_blocks(spec, topo, allowed, 3)  # GPUs 0-1, 2-4, 5-7: GPUs 4 and 5 share NUMA node 2
+    assert [len(p.devices) for p in three] == [2, 3, 3]
+    assert [p.cores for p in three] == [tuple(threads_of(spec, c)) for c in ("0-7", "8-19", "20-31")]
+    root, spec, allowed = node(tmp_path, "frontier")  # GCD order is not NUMA order: 0-1 NUMA 3, 2-3 1, 4-5 0, 6-7 2
+    topo = read_topology(root, env={})
+    three = check_blocks(spec, topo, allowed, 3)
+    assert [p.cores for p in three] == [tuple(threads_of(spec, c)) for c in ("49-55,57-63", "1-7,17-23,25-31",
+                                                                             "9-15,33-39,41-47")]
+    assert [p.cores for p in check_blocks(spec, topo, allowed, 2)] == [
+        tuple(threads_of(spec, "17-23,25-31,49-55,57-63")), tuple(threads_of(spec, "1-7,9-15,33-39,41-47"))]
+
+
+def test_a_worker_with_more_gpus_takes_more_cores(tmp_path):
+    root, spec, allowed = node(tmp_path, "frontier")  # 5 workers: GCDs 0, 1-2, 3, 4-5, 6-7; one L3 region per GCD
+    topo = read_topology(root, env={})
+    five = check_blocks(spec, topo, allowed, 5)
+    assert [p.cores for p in five] == [tuple(threads_of(spec, c)) for c in ("49-55", "17-23,57-63", "25-31",
+                                                                            "1-7,9-15", "33-39,41-47")]
+    unknown = Topology(gpus=(Gpu(),) * 4)  # no locality: the cores in numeric order, still a share per GPU
+    assert [place(i, 3, allowed=list(range(8)), topology=unknown).cores for i in range(3)] == [(0, 1), (2, 3),
+                                                                                               (4, 5, 6, 7)]
 
 
 def test_rocr_visible_devices_selects_and_hip_indexes_what_is_left(tmp_path):
@@ -213,7 +280,7 @@ def test_hardware_threads_of_a_core_stay_together_on_a_cpu_node():
 def test_gpu_device_types_in_the_trainer_and_training():
     import torch
 
-    from galapagos.evolve.train import _autocast_for
+    from galapagos.evolve.steps import autocast_for as _autocast_for
     from galapagos.launch.trainer import _usable_device
 
     assert _autocast_for(torch.device("xpu:1"), True)[0] in (torch.bfloat16, torch.float16)  # mixed precision

@@ -240,8 +240,8 @@ def test_auto_trains_a_candidate_that_fits_on_the_leader_alone():
 def test_a_rank_owns_the_gpus_no_other_worker_of_its_node_takes():
     four = Topology(gpus=(Gpu(),) * 4)
     assert place(0, 1, allowed=[0, 1], topology=four).devices == ("cuda:0", "cuda:1", "cuda:2", "cuda:3")
-    assert [place(i, 2, allowed=[0, 1], topology=four).devices for i in (0, 1)] == [("cuda:0", "cuda:2"),
-                                                                                   ("cuda:1", "cuda:3")]
+    assert [place(i, 2, allowed=[0, 1], topology=four).devices for i in (0, 1)] == [("cuda:0", "cuda:1"),
+                                                                                   ("cuda:2", "cuda:3")]
     assert place(5, 8, allowed=[0, 1], topology=four).devices == ("cuda:1",)  # ranks share GPUs: one each
     assert place(0, 1, allowed=[0, 1], topology=Topology()).devices == ("cpu",)
 

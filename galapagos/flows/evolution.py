@@ -146,7 +146,7 @@ def conclude(run: RunDir, config: Config, source: EvolutionSource, state: Master
     searched = source.search_seconds()
     run.record_seconds(searched)
     summary = summarize(run.iter_journal(), population_size=config.evolution.population_size,
-                        workers=state.workers,
+                        workers=state.workers, slots=state.workers + sum(state.slots.spare.values()),
                         wall_seconds=wall, busy_seconds=state.busy_seconds)
     # The master's own CPU use while it served: it should leave the cores to training.
     summary["master_cpu_share"] = round(master_cpu, 4)

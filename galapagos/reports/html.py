@@ -170,7 +170,8 @@ def run_payload(path: str | Path, compare: str | Path | None = None) -> dict:
     if run.summary.exists():
         try:
             saved = json.loads(run.summary.read_text())
-            summary.update({k: v for k, v in saved.items() if k in ("workers", "wall_seconds", "worker_utilization")})
+            summary.update({k: v for k, v in saved.items() if k in ("workers", "slots", "wall_seconds",
+                                                                        "worker_utilization")})
         except (OSError, ValueError):
             pass
     t0 = min((r.start for r in records if r.start), default=0.0)

@@ -16,7 +16,7 @@ from galapagos.store.rundir import RunDir
 
 
 def summarize(records: Iterable[JournalRecord], *, population_size: int, workers: int | None = None,
-              wall_seconds: float | None = None, busy_seconds: float | None = None) -> dict:
+              wall_seconds: float | None = None, busy_seconds: float | None = None, slots: int | None = None) -> dict:
     """Evaluations by status, the best network, how it compares with the initial population, utilisation. One pass
     over `records`, holding none of them but the best (the master passes the journal as it reads it back)."""
     by_status, count, succeeded, best, initial = Counter(), 0, 0, None, []
@@ -40,7 +40,9 @@ def summarize(records: Iterable[JournalRecord], *, population_size: int, workers
     if workers and wall_seconds:
         out["workers"] = workers
         out["wall_seconds"] = round(wall_seconds, 2)
-        out["worker_utilization"] = round(busy_seconds / (workers * wall_seconds), 4)
+        if slots and slots != workers:  # packed ranks train several candidates at once: utilization is of those
+            out["slots"] = slots
+        out["worker_utilization"] = round(busy_seconds / ((slots or workers) * wall_seconds), 4)
     return out
 
 
@@ -68,7 +70,8 @@ def format_summary(s: dict) -> str:
     if s.get("pareto_front"):
         lines.append(f"Pareto front: {s['pareto_front']} network(s) in front/ (see `galapagos report`)")
     if "worker_utilization" in s:
-        lines.append(f"worker utilization: {100 * s['worker_utilization']:.1f}% of {s['workers']} workers over "
+        of = f"{s['slots']} candidate slots on {s['workers']} workers" if s.get("slots") else f"{s['workers']} workers"
+        lines.append(f"worker utilization: {100 * s['worker_utilization']:.1f}% of {of} over "
                      f"the last job's {s['wall_seconds']:.0f} s wall time (start-up and data loading included)")
     return "\n".join(lines)
 
@@ -162,8 +165,8 @@ def run_report(path: str | Path, top: int = 5) -> dict:
     summary = summarize(records, population_size=config.evolution.population_size)
     if run.summary.exists():
         saved = json.loads(run.summary.read_text())
-        summary.update({k: v for k, v in saved.items() if k in ("workers", "wall_seconds", "worker_utilization",
-                                                                    "search_seconds")})
+        summary.update({k: v for k, v in saved.items() if k in ("workers", "slots", "wall_seconds",
+                                                                    "worker_utilization", "search_seconds")})
     best = sorted((r for r in records if r.fitness is not None), key=lambda r: -r.fitness)[:top]
     summary["top"] = [{"id": r.id, "fitness": r.fitness, "status": r.status, "genome": g.to_json(),
                        "network": g.describe()} for r in best for g in [Genome.from_json(r.genome)]]
