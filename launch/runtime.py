@@ -9,6 +9,7 @@ from __future__ import annotations
 import gc
 import heapq
 import logging
+import sys
 import time
 from collections import OrderedDict, defaultdict
 from collections.abc import Callable
@@ -244,11 +245,6 @@ class _Serving:
             return True
         if now - self.last_check >= self.tick_seconds:
             self.last_check = now
-            # The master's objects live long (the engine's population, every running task): the cyclic collector
-            # walked them all at each full collection, 12% of rank 0's time per task at 27,648 simulated workers
-            # (bench/scale.py). What lived a tick is moved out of its way until the loop ends
-            # (https://docs.python.org/3/library/gc.html#gc.freeze).
-            gc.freeze()
             self.give_up_silent_ranks(now)
             self.give_up_quiet_ranks(now)
             self.beacon.beat(now)
@@ -373,17 +369,18 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
     """
     loop = _Serving(comm, source, deadline, prefetch, tick, stop, LOST_GRACE if lost_grace is None else lost_grace,
                     liveness or Liveness())
+    # The cyclic collector is off while the master serves: its objects live long (the population, every running
+    # task) and the loop makes next to no cyclic garbage (tests/test_runtime.py holds it to that), but each
+    # collection walked the young ones, a sixth of rank 0's time at 127,488 simulated workers (bench/scale.py).
     state, backoff, collecting = loop.state, Backoff(), gc.isenabled()
+    gc.disable()
     try:
         while True:
             now = time.time()
             event = loop.receive(now)
             if loop.ended(now):
                 break
-            gc.disable()  # a round of tasks is not collected as it goes out: the collections its objects set off
-            event = loop.fill() or event  # were three quarters of the first round's time (bench/scale.py)
-            if collecting:
-                gc.enable()
+            event = loop.fill() or event
             if source.finished() and not state.running:
                 break
             loop.tick(now, event)
@@ -393,13 +390,14 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
                 backoff.sleep()
     finally:
         loop.beacon.close()
-        gc.unfreeze()
-        if collecting:  # also where fill raised
-            gc.enable()
         stopped = [rank for rank in range(1, comm.size) if rank not in state.lost]
         for rank in stopped:
             loop.send(Stop(), rank)
+        if collecting and sys.exc_info()[0] is not None:
+            gc.enable()
     _read_until_stopped(comm, stopped, state.failed)
+    if collecting:
+        gc.enable()
     state.ended = True
     source.on_tick(state)
     return state

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import time
-from collections import deque
+from collections import Counter, deque
 
 import pytest
 
@@ -631,3 +631,41 @@ def test_the_master_loop_at_scale_with_simulated_workers():
     assert runtime.time is time  # the simulation's clock is gone again
     assert out["tasks"] > 50 and out["lost"] == 0 and sum(out["by_status"].values()) <= out["tasks"]
     assert 0 < out["utilization"] <= 1
+
+
+def test_the_master_loop_makes_next_to_no_cyclic_garbage(monkeypatch):
+    """master_serve turns the cyclic collector off while it serves (launch/runtime.py): what the loop leaves in
+    reference cycles stays until it ends. The real evolution source under bench/scale.py's simulated workers leaves
+    a few (the JSON encoder of each best network's files, written when the best improves), not some per task: a
+    cycle made per task would grow rank 0 for hours."""
+    import gc
+
+    from bench import scale
+
+    found, during = [], []
+
+    class Watched(ListSource):
+        def next_task(self):
+            during.append(gc.isenabled())
+            return super().next_task()
+
+    serve(FakeComm(size=3, script=lambda rank, task: [("result", 1.0, 0.1)]), Watched(4), prefetch=0)
+    assert during and not any(during) and gc.isenabled()  # off in the loop, on again after it
+
+    def counted(*args, **kw):  # the collector off here already: the loop leaves it off, and nothing is collected
+        gc.collect()  # between the loop's end and the count below
+        gc.disable()
+        try:
+            state = master_serve(*args, **kw)
+            gc.set_debug(gc.DEBUG_SAVEALL)
+            gc.collect()
+            found.extend(type(o).__name__ for o in gc.garbage)
+        finally:
+            gc.set_debug(0)
+            gc.garbage.clear()
+            gc.enable()
+        return state
+
+    monkeypatch.setattr(runtime, "master_serve", counted)
+    out = scale.one(workers=300, minutes=0.5, median=5.0, sigma=0.6)
+    assert out["tasks"] > 1000 and len(found) < 0.5 * out["tasks"], (out["tasks"], Counter(found).most_common(5))
