@@ -53,6 +53,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from pathlib import Path
 from typing import NamedTuple
 
 import galapagos.launch.runtime as runtime
@@ -66,7 +67,6 @@ from galapagos.launch.protocol import (Alive, Cancel, Liveness, Progress, RankFa
 
 EPOCHS = 6  # train.epochs' default
 PRUNE_AFTER = 2  # run.prune_after's default: the first epoch the median rule judges
-HEARTBEAT = Liveness().interval  # run.heartbeat's default: seconds of silence after which a worker sends Alive
 TASK_TIMEOUT = 600.0  # run.task_timeout of the simulated run: ten median trainings
 
 
@@ -180,7 +180,9 @@ class SimComm:
 
     rank = 0
 
-    def __init__(self, workers: int, clock: Clock, median: float, sigma: float, seed: int, per_node: int = 4) -> None:
+    def __init__(self, workers: int, clock: Clock, median: float, sigma: float, seed: int, per_node: int = 4,
+                 beat: float = Liveness.interval) -> None:
+        self.beat = beat  # run.heartbeat: seconds of silence after which a worker sends Alive
         self.size, self.clock, self.rng, self.per_node = workers + 1, clock, random.Random(seed), per_node
         self.mu, self.sigma = math.log(median), sigma
         self.events: list = []  # (time, seq, message) heap
@@ -301,13 +303,13 @@ class SimComm:
             self._push(now, Stopped(dest))
 
     def _beats(self, rank: int, start: float, sends: list[float]) -> None:
-        """A worker's Alive every HEARTBEAT seconds in which it sends nothing else (launch/heartbeat.py: Pulse)."""
+        """A worker's Alive every `beat` seconds in which it sends nothing else (launch/heartbeat.py: Pulse)."""
         last = start
         for when in sends:
-            beat = last + HEARTBEAT
+            beat = last + self.beat
             while beat < when:
                 self._push(beat, Alive(rank))
-                beat += HEARTBEAT
+                beat += self.beat
             last = when
 
     def _fate(self) -> Fate:
@@ -356,8 +358,14 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
     """One scale, in this process: the master served for `minutes` of virtual time. `kill_at`: minutes after the
     start at which one node (the middle one) dies, `reported` by MPI (ULFM) or found by its silence. `keep`: a
     folder where the run directory (`keep`/run) stays, instead of a temporary one."""
+    problem = Problem((3, 32, 32), "classification", 10)
+    config = load_config(None, [f"run.task_timeout={TASK_TIMEOUT}", f"run.prune_after={PRUNE_AFTER}",
+                                f"train.epochs={EPOCHS}"]
+                         + ([] if breeder_workers is None else [f"evolution.breeder_workers={breeder_workers}"]))
+    config = dataclasses.replace(config, evolution=config.evolution.sized(workers))  # as flows.evolution.check
+    liveness = dataclasses.replace(config.run.liveness(Path(), workers), master_file="")  # run.heartbeat = "auto"
     clock = Clock()
-    comm = SimComm(workers, clock, median, sigma, seed=0, per_node=per_node)
+    comm = SimComm(workers, clock, median, sigma, seed=0, per_node=per_node, beat=liveness.interval)
 
     class Backoff:  # the master's idle sleep: jump to the next worker event instead
         def reset(self) -> None:
@@ -369,11 +377,6 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
             if when is not None:
                 clock.jump(when)
 
-    problem = Problem((3, 32, 32), "classification", 10)
-    config = load_config(None, [f"run.task_timeout={TASK_TIMEOUT}", f"run.prune_after={PRUNE_AFTER}",
-                                f"train.epochs={EPOCHS}"]
-                         + ([] if breeder_workers is None else [f"evolution.breeder_workers={breeder_workers}"]))
-    config = dataclasses.replace(config, evolution=config.evolution.sized(workers))  # as flows.evolution.check
     saved = runtime.time, runtime.Backoff
     runtime.time, runtime.Backoff = clock, Backoff  # master_serve reads time.time() only
     try:
@@ -388,7 +391,7 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
             dead = [] if kill_at is None else comm.kill_node(workers // per_node // 2, start + 60 * kill_at, reported)
             cpu = time.process_time()
             try:
-                state = runtime.master_serve(comm, source, deadline=start + 60 * minutes, prefetch=0)
+                state = runtime.master_serve(comm, source, deadline=start + 60 * minutes, prefetch=0, liveness=liveness)
             finally:
                 source.engine.close()
                 source.run.close()  # the journal on disk, as the session's end leaves it

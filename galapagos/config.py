@@ -29,6 +29,8 @@ from galapagos.options import TRAIN_TASK
 if TYPE_CHECKING:
     from galapagos.options import EvolveOptions
 
+ALIVE_RATE = 2000  # run.heartbeat = "auto": the most Alive messages a second that workers saying nothing else send
+
 
 @dataclass(frozen=True)
 class RunConfig(Table):
@@ -51,15 +53,15 @@ class RunConfig(Table):
     prefetch: int = -1  # tasks queued on a worker beyond the one it runs; -1 = one while tasks are short
     lost_grace: float = 360.0  # seconds past task_timeout after which a rank that never ends its task is given up
     # Signs of life (launch/heartbeat.py): a worker rank that has sent nothing else for `heartbeat` seconds says it is
-    # alive, and rank 0 touches log/master.alive as often. 10 s: at 100,000 workers that say nothing else, 10,000
-    # tiny messages a second at 3.2 us each on rank 0, 3% of its core, and fewer as soon as they report progress (any
-    # message counts); at 5 s the simulated whole machine's master spent a third more per task (bench/RESULTS.md).
-    # A worker silent for `worker_timeout` seconds is given up: three beats missed, which a node's scheduling hiccups
-    # and a slow network do not reach; a frozen node costs 30 s, not a task's limit (Slurm itself sets a silent node
-    # DOWN after 300 s by default, https://slurm.schedmd.com/slurm.conf.html#OPT_SlurmdTimeout). Rank 0's file
-    # untouched for `master_timeout` seconds ends the job: longer, since rank 0's loop may wait on a busy shared file
-    # system (the journal, best/).
-    heartbeat: float = 10.0
+    # alive, and rank 0 touches log/master.alive as often. "auto" (stored as 0): 10 s, and from 20,000 workers on
+    # as long as keeps those messages to ALIVE_RATE a second (64 s at 127,488): each one costs rank 0 a pass of its
+    # loop, and at 127,488 simulated workers the 10 s beats were a seventh of its time (bench/RESULTS.md). A worker
+    # silent for `worker_timeout` seconds is given up: three beats missed (at least, under "auto"), which a node's
+    # scheduling hiccups and a slow network do not reach; a frozen node costs 30 s, not a task's limit (Slurm itself
+    # sets a silent node DOWN after 300 s by default, https://slurm.schedmd.com/slurm.conf.html#OPT_SlurmdTimeout).
+    # Rank 0's file untouched for `master_timeout` seconds ends the job: longer, since rank 0's loop may wait on a
+    # busy shared file system (the journal, best/).
+    heartbeat: float = 0.0
     worker_timeout: float = 30.0
     master_timeout: float = 60.0
     pack: int = 1  # candidates each worker rank trains at once on its device, each in a trainer child of its own;
@@ -72,7 +74,7 @@ class RunConfig(Table):
     # rank owns for a candidate whose estimated memory does not fit in one, one GPU for the rest (launch/spread.py)
 
     def normalise(self) -> dict:
-        return {key: 0 for key in ("pack", "spread") if getattr(self, key) == "auto"}
+        return {key: 0 for key in ("pack", "spread", "heartbeat") if getattr(self, key) == "auto"}
 
     @property
     def packing(self) -> int | str:
@@ -84,9 +86,13 @@ class RunConfig(Table):
         """run.spread as the workers' Setup takes it: a count, or "auto"."""
         return self.spread or "auto"
 
-    def liveness(self, master_file: Path) -> Liveness:
-        """The heartbeat settings the workers get with their setup; `master_file`: RunDir.master_heartbeat."""
-        return Liveness(self.heartbeat, self.worker_timeout, self.master_timeout, str(master_file))
+    def liveness(self, master_file: Path, workers: int) -> Liveness:
+        """The heartbeat settings the workers get with their setup, for a job of `workers`; `master_file`:
+        RunDir.master_heartbeat."""
+        if self.heartbeat:
+            return Liveness(self.heartbeat, self.worker_timeout, self.master_timeout, str(master_file))
+        beat = max(Liveness.interval, workers / ALIVE_RATE)
+        return Liveness(beat, max(self.worker_timeout, 3 * beat), max(self.master_timeout, 3 * beat), str(master_file))
 
     def checks(self) -> list[Check]:
         return [("evaluations", self.evaluations >= 0, "at least 0 (0 = no limit by count)"),
@@ -102,7 +108,7 @@ class RunConfig(Table):
                 ("pack", self.pack >= 0, 'at least 1, or "auto"'),
                 ("spread", self.spread >= 0, 'at least 1, or "auto"'),
                 ("lost_grace", self.lost_grace > 0, "more than 0 seconds"),
-                ("heartbeat", self.heartbeat > 0, "more than 0 seconds"),
+                ("heartbeat", self.heartbeat >= 0, 'more than 0 seconds, or "auto"'),
                 ("worker_timeout", self.worker_timeout >= 3 * self.heartbeat,
                  f"at least 3 heartbeats (run.heartbeat = {self.heartbeat:g} s)"),
                 ("master_timeout", self.master_timeout >= 3 * self.heartbeat,

@@ -82,3 +82,22 @@ def test_a_config_written_before_the_one_namespace_runs_galapagos_s_own_task(tmp
     mine = tmp_path / "mine.toml"
     mine.write_text('[run]\ntask = "mylab.tasks:train"\n')
     assert load_config(mine).run.task == "mylab.tasks:train"
+
+
+def test_the_heartbeat_follows_the_job_under_auto_and_a_set_one_is_kept(tmp_path):
+    """run.heartbeat = "auto" (the default): 10 s, and from 20,000 workers on long enough that the workers' Alive
+    messages stay at config.ALIVE_RATE a second, the timeouts at least three beats; a number is taken as given."""
+    from galapagos.config import ALIVE_RATE
+
+    auto = load_config(None)
+    assert auto.run.heartbeat == load_config(None, ['run.heartbeat="auto"']).run.heartbeat == 0
+    small = auto.run.liveness(tmp_path / "alive", 1000)
+    assert (small.interval, small.worker_timeout, small.master_timeout) == (10.0, 30.0, 60.0)
+    assert small.master_file == str(tmp_path / "alive")
+    aurora = auto.run.liveness(tmp_path / "alive", 127_488)
+    assert aurora.interval == pytest.approx(127_488 / ALIVE_RATE) and aurora.interval > 60
+    assert aurora.worker_timeout == aurora.master_timeout == pytest.approx(3 * aurora.interval)
+    given = load_config(None, ["run.heartbeat=5"]).run.liveness(tmp_path / "alive", 127_488)
+    assert (given.interval, given.worker_timeout, given.master_timeout) == (5.0, 30.0, 60.0)
+    with pytest.raises(ConfigError, match="run.heartbeat"):
+        load_config(None, ["run.heartbeat=-1"])

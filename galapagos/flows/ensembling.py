@@ -193,8 +193,9 @@ def start_workers(session: MasterSession, job: EnsembleJob) -> None:
             write_json(job.out.plan, [s.to_dict() for s in job.specs])
         plan, memory, _ = dataset_plan(job.data, ("train", "val"), val_fraction=run.val_fraction, seed=run.seed,
                                        chunk_bytes=run.chunk_mib << 20, readers=run.readers or "node")
-    session.start(Setup(run.task, str(job.out.logs), liveness=run.liveness(job.out.master_heartbeat),
-                        pack=run.packing, spread=run.spreading), plan, memory)
+    liveness = run.liveness(job.out.master_heartbeat, session.workers)
+    session.start(Setup(run.task, str(job.out.logs), liveness=liveness, pack=run.packing, spread=run.spreading), plan,
+                  memory)
 
 
 def master_build(session: MasterSession, job: EnsembleJob) -> dict | None:

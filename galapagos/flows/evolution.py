@@ -127,8 +127,9 @@ def evolve(session: MasterSession, opts: EvolveOptions) -> dict:
              opts.data, info.task, tuple(info.sample_shape), session.workers,
              " and ".join(filter(None, [config.run.evaluations and f"{config.run.evaluations} evaluations",
                                         config.run.budget_minutes and f"{config.run.budget_minutes:g} minutes"])))
-    session.start(Setup(config.run.task, str(run.logs), want=want, liveness=config.run.liveness(run.master_heartbeat),
-                        pack=config.run.packing, spread=config.run.spreading),
+    liveness = config.run.liveness(run.master_heartbeat, session.workers)
+    session.start(Setup(config.run.task, str(run.logs), want=want, liveness=liveness, pack=config.run.packing,
+                        spread=config.run.spreading),
                   plan, memory)
     run.begin(config.dumps(), data, resume=opts.resume)  # the run's config and data.json: the job has started
     cpu, serve_start = time.process_time(), time.time()
