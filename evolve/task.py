@@ -82,17 +82,24 @@ class TrainTask:
     inherit: str | None = None  # a parent's weights file to start from where the layers match; None: fresh
     data: DataAccess | None = None  # how the training split is read (streamed, or batch by batch to a GPU)
     drawn: Drawn | None = None  # a genome its worker draws (evolve/drawn.py)
+    # Training in parts (a rung of a multi-fidelity search), evolve/checkpoint.py. None, None, None: all at once.
+    until: int | None = None  # the last epoch this task trains (the schedule spans all epochs still); None: all
+    resume: str | None = None  # a checkpoint to go on from, at its next epoch (no parent inherited then)
+    checkpoint: str | None = None  # where the whole training state goes once `until` is reached; None: nowhere
 
     def __reduce__(self):
         # Pickled for every task rank 0 sends: the genome goes as its canonical JSON (made once, for its key), and
         # what every task of a run shares as bytes pickled once. Pickled whole, a task cost rank 0 19 us, the most
-        # of any one step per task at whole-machine scale (bench/scale.py). A draw goes as its id.
+        # of any one step per task at whole-machine scale (bench/scale.py). A draw goes as its id. Training in
+        # parts adds its three fields, and only where a task has one.
+        parts = (self.until, self.resume, self.checkpoint)
+        parts = parts if parts != (None, None, None) else ()
         if self.genome is None:
             d = self.drawn
             return _unpickle_drawn, (d.cid, _shared_bytes(self.problem, self.train, self.data, d.space, d.seed),
-                                     self.seed, self.save, self.inherit)
+                                     self.seed, self.save, self.inherit, *parts)
         return _unpickle_task, (self.genome.canonical(), _shared_bytes(self.problem, self.train, self.data),
-                                self.seed, self.save, self.inherit)
+                                self.seed, self.save, self.inherit, *parts)
 
     @property
     def echo(self) -> dict | None:
@@ -120,12 +127,14 @@ def _shared_bytes(*parts) -> bytes:
     return _shared[1]
 
 
-def _unpickle_task(genome: str, shared: bytes, seed: int, save: str | None, inherit: str | None) -> TrainTask:
+def _unpickle_task(genome: str, shared: bytes, seed: int, save: str | None, inherit: str | None,
+                   *parts: int | str | None) -> TrainTask:
     problem, train, data = pickle.loads(shared)
-    return TrainTask(Genome.from_json(genome), problem, train, seed, save, inherit, data)
+    return TrainTask(Genome.from_json(genome), problem, train, seed, save, inherit, data, None, *parts)
 
 
-def _unpickle_drawn(cid: int, shared: bytes, seed: int, save: str | None, inherit: str | None) -> TrainTask:
+def _unpickle_drawn(cid: int, shared: bytes, seed: int, save: str | None, inherit: str | None,
+                    *parts: int | str | None) -> TrainTask:
     problem, train, data, space, run_seed = pickle.loads(shared)
     drawn = Drawn(space, run_seed, cid)
-    return TrainTask(drawn.genome(problem), problem, train, seed, save, inherit, data, drawn)
+    return TrainTask(drawn.genome(problem), problem, train, seed, save, inherit, data, drawn, *parts)

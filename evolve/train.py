@@ -9,16 +9,17 @@ from __future__ import annotations
 import gc
 import logging
 import math
-import statistics
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
 
 from galapagos.datashare.plan import split_arrays
-from galapagos.evolve.batches import GPU_TYPES, batch_data, child_device, epoch_batches, resident_fits, stats_sample
+from galapagos.evolve.batches import batch_data, child_device, epoch_batches, resident_fits, stats_sample
 from galapagos.evolve.build import build_model, set_normalization
+from galapagos.evolve.checkpoint import load_checkpoint, restore, save_checkpoint, training_state
 from galapagos.evolve.dense import class_counts, evaluate_dense, field_loss, segmentation_loss
 from galapagos.evolve.distributed import Group
 from galapagos.evolve.genome import Genome
@@ -26,6 +27,7 @@ from galapagos.evolve.inherit import inherit_weights
 from galapagos.evolve.netdir import save_weights
 from galapagos.evolve.normalize import normalization_stats
 from galapagos.evolve.problem import Problem
+from galapagos.evolve.steps import autocast_for, evaluate, graphed, latency_ms, memory_format, sync, to_memory_format
 from galapagos.evolve.task import DataAccess, TrainConfig, TrainTask
 
 log = logging.getLogger(__name__)
@@ -33,27 +35,6 @@ log = logging.getLogger(__name__)
 
 class NonFiniteLoss(FloatingPointError):
     """The loss became NaN or infinite: the candidate diverged (the trainer records it as status `nan`)."""
-
-
-def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, task: str, batch: int,
-             autocast: Callable) -> dict:
-    """Validation metrics and the fitness (accuracy, or mean R^2 for regression; higher is better)."""
-    model.eval()
-    outs = []
-    with torch.no_grad(), autocast():
-        for i in range(0, x.shape[0], batch):
-            outs.append(model(x[i:i + batch]).float())
-    out = torch.cat(outs)
-    if task == "classification":
-        nll = F.cross_entropy(out, y).item()
-        acc = (out.argmax(1) == y).float().mean().item()
-        return {"val_loss": nll, "val_accuracy": acc, "fitness": acc}
-    err = out - y
-    mse = (err * err).mean(0)
-    var = y.var(0, unbiased=False).clamp_min(1e-12)
-    r2 = 1 - mse / var
-    return {"val_loss": (mse / var).mean().item(), "val_mse": mse.mean().item(), "val_r2": r2.mean().item(),
-            "fitness": r2.mean().item()}
 
 
 # Batches between looks at the summed training loss. Each look waits for the device (a host sync); once a batch,
@@ -64,39 +45,6 @@ FINITE_EVERY = 64
 def _check_finite(total: torch.Tensor, epoch: int, batches: int) -> None:
     if not torch.isfinite(total):
         raise NonFiniteLoss(f"training loss is {total.item()} by epoch {epoch}, batch {batches}")
-
-
-# Forward passes of one sample timed for a candidate's latency (after two untimed ones); the median is kept. A slow
-# network stops after 3 timed passes once they took LATENCY_SECONDS: its median is steady sooner (on a CPU the 12
-# passes of bench/train.py's 3D network took 0.4 s, 7% of its short candidate).
-LATENCY_RUNS = 10
-LATENCY_SECONDS = 0.03
-
-
-@torch.inference_mode()
-def latency_ms(model: torch.nn.Module, x: torch.Tensor, device: torch.device, autocast) -> float:
-    """Milliseconds for one sample's forward pass on `device`, in eval mode and the training's precision: what the
-    objective `latency` minimises (evolve/pareto.py)."""
-    model.eval()
-    sample, times = x[0:1], []
-    with autocast():
-        for _ in range(LATENCY_RUNS + 2):
-            _sync(device)
-            t0 = time.perf_counter()
-            model(sample)
-            _sync(device)
-            times.append(time.perf_counter() - t0)
-            if len(times) >= 5 and sum(times[2:]) >= LATENCY_SECONDS:
-                break
-    return 1000 * statistics.median(times[2:])
-
-
-def _autocast_for(device: torch.device, enabled: bool):
-    if device.type in GPU_TYPES and enabled:
-        bf16 = getattr(getattr(torch, device.type), "is_bf16_supported", lambda: device.type == "xpu")()
-        dtype = torch.bfloat16 if bf16 else torch.float16
-        return dtype, (lambda: torch.autocast(device.type, dtype=dtype))
-    return None, (lambda: torch.autocast(device.type, enabled=False))
 
 
 def _optimizer(genome: Genome, params, device: torch.device) -> torch.optim.Optimizer:
@@ -110,77 +58,11 @@ def _optimizer(genome: Genome, params, device: torch.device) -> torch.optim.Opti
     return cls(params, lr=genome.lr, weight_decay=genome.weight_decay, **fused)
 
 
-def memory_format(model: torch.nn.Module, device: torch.device, setting: str) -> torch.memory_format | None:
-    """Channels-last for a network with 2D or 3D convolutions where `setting` asks for it; None keeps the contiguous
-    layout (1D and tabular networks have no channels-last format).
-    https://pytorch.org/tutorials/intermediate/memory_format_tutorial.html
-    "auto": 2D networks on GPUs, whose convolution kernels run faster in it (tensor cores under mixed precision).
-    3D networks stay contiguous: on an H100 (bf16, bench/train.py's 3D case) channels_last_3d trained 13% slower
-    than the contiguous layout. CPUs keep the contiguous layout, which is as fast there."""
-    if setting == "contiguous" or (setting == "auto" and device.type not in GPU_TYPES):
-        return None
-    dims = {m.weight.dim() for m in model.modules() if isinstance(m, (torch.nn.Conv2d, torch.nn.Conv3d))}
-    if 5 in dims:
-        return torch.channels_last_3d if setting == "channels_last" else None
-    return torch.channels_last if 4 in dims else None
-
-
-def _to_memory_format(model: torch.nn.Module, fmt: torch.memory_format) -> None:
-    """The tutorial's recipe: parameters (Module.to converts the 4D/5D ones) and every input in `fmt`; layers then
-    keep it (https://pytorch.org/tutorials/intermediate/memory_format_tutorial.html)."""
-    model.to(memory_format=fmt)
-    model.register_forward_pre_hook(lambda _, args: (args[0].contiguous(memory_format=fmt), *args[1:]))
-
-
-class _Network(torch.nn.Module):
-    """The network inside one more module, for make_graphed_callables: it refuses a module with hooks (the
-    channels-last one) and replaces the forward of the module it is given, and the network's own must stay eager
-    for the last, shorter batch of an epoch and for the validation."""
-
-    def __init__(self, net: torch.nn.Module):
-        super().__init__()
-        self.net = net
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)
-
-
-def graphed(model: torch.nn.Module, sample: torch.Tensor, amp_dtype: torch.dtype | None) -> Callable | None:
-    """`model`'s forward and backward on batches shaped as `sample`, each replayed as one CUDA graph
-    (torch.cuda.make_graphed_callables, https://docs.pytorch.org/docs/stable/notes/cuda.html#partial-network-capture):
-    a few kernel launches per step where the network's own take one per operation, so that the host no longer
-    paces a small network's steps. The loss, clipping and optimizer step stay eager, so the schedule's learning rate
-    and momentum act as in an eager step. The capture's warm-up passes leave the buffers (batch-norm statistics) as
-    they were. None, with a warning, for a network that cannot be captured (one that syncs with the host).
-    The gradients a replay gives are the graph's own buffers, which the next replay overwrites: safe here, where every
-    step sets them to None before its backward and uses them up before the next (pytorch/pytorch#181723)."""
-    saved = [b.clone() for b in model.buffers()]
-    # the capture's warm-up makes the parameters' gradient accumulators on its side stream, which autograd warns of
-    # at the backward passes after it (bench/train.py times the graphed steps with whatever sync that costs)
-    getattr(torch.autograd.graph, "set_warn_on_accumulate_grad_stream_mismatch", lambda _: None)(False)
-    try:
-        with torch.autocast("cuda", dtype=amp_dtype or torch.float16, enabled=amp_dtype is not None,
-                            cache_enabled=False):  # the API's rule for autocast
-            return torch.cuda.make_graphed_callables(_Network(model), (sample.clone(),))
-    except Exception as e:  # noqa: BLE001 - whatever stops the capture: the candidate trains eagerly instead
-        log.warning("train.cuda_graphs: the network could not be captured (%s: %s); it trains without CUDA graphs",
-                    type(e).__name__, e)
-        return None
-    finally:
-        with torch.no_grad():
-            for b, s in zip(model.buffers(), saved):
-                b.copy_(s)
-
 
 def _on(device: torch.device, a: Any) -> Any:
     """A tensor on `device`, moved once if it is elsewhere (a caller's arrays on the CPU for a GPU candidate); row
     views and host-side batch sources (`Rows`, evolve/batches.py) keep where they are."""
     return a.to(device) if isinstance(a, torch.Tensor) and a.device != device else a
-
-
-def _sync(device: torch.device) -> None:
-    if device.type in GPU_TYPES:
-        getattr(torch, device.type).synchronize(device)
 
 
 def _prepared_model(genome: Genome, problem: Problem, config: TrainConfig, device: torch.device, xtr: torch.Tensor,
@@ -193,7 +75,7 @@ def _prepared_model(genome: Genome, problem: Problem, config: TrainConfig, devic
     inherited = inherit_weights(model, parent) if parent else None
     model.to(device)
     if (fmt := memory_format(model, device, config.memory_format)) is not None:
-        _to_memory_format(model, fmt)
+        to_memory_format(model, fmt)
     # torch.compile (https://docs.pytorch.org/docs/stable/generated/torch.compile.html) compiles at the first step:
     # seconds that pay back only over many steps. Full batches take the compiled module; the last, shorter batch of
     # an epoch and the evaluation take the module itself (same parameters), so no shape or mode compiles again.
@@ -201,13 +83,16 @@ def _prepared_model(genome: Genome, problem: Problem, config: TrainConfig, devic
     return model, compiled, inherited, fmt
 
 
-def _schedule(genome: Genome, config: TrainConfig, opt: torch.optim.Optimizer, rows: int,
-              inherited: float | None) -> tuple[int, int, int, torch.optim.lr_scheduler.OneCycleLR]:
+def _schedule(genome: Genome, config: TrainConfig, opt: torch.optim.Optimizer, rows: int, inherited: float | None,
+              resumed: dict | None = None) -> tuple[int, int, int, torch.optim.lr_scheduler.OneCycleLR]:
     """How long the candidate trains: (training rows per epoch, epochs, steps, the one-cycle learning rate over
-    them). A network that inherited most of its weights may train fewer epochs (`inherited_epochs`)."""
+    them). A network that inherited most of its weights may train fewer epochs (`inherited_epochs`); a resumed one
+    keeps the epochs of its first task (its checkpoint's), so that its schedule goes on, never restarts."""
     n = rows if not config.max_train_samples else min(rows, config.max_train_samples)
     epochs = config.inherited_epochs if inherited is not None and inherited >= 0.5 and config.inherited_epochs \
         else config.epochs
+    if resumed is not None:
+        epochs = resumed["epochs"]
     steps = max(1, n // genome.batch_size) * epochs
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=genome.lr, total_steps=steps, pct_start=0.15)
     return n, epochs, steps, sched
@@ -263,37 +148,81 @@ def _how_trained(inherited: float | None, amp_dtype: torch.dtype | None, fmt: to
     return notes
 
 
+def _validated(model: torch.nn.Module, data: tuple, problem: Problem, config: TrainConfig, autocast: Callable,
+               group: Group, epoch: int, total: torch.Tensor, batches: int) -> dict:
+    """The epoch's metrics: its mean training loss and the validation's (the leader's, for a group), both finite."""
+    total = group.sum(total)
+    _check_finite(total, epoch, batches)
+    xva, yva = data
+    metrics = {"epoch": epoch, "train_loss": total.item() / max(batches, 1), **group.from_leader(model, lambda:
+               evaluate_dense(model, xva, yva, problem, config.eval_batch_size, autocast) if problem.is_dense
+               else evaluate(model, xva, yva, problem.task, config.eval_batch_size, autocast))}
+    if not math.isfinite(metrics["fitness"]):
+        raise NonFiniteLoss(f"validation score is {metrics['fitness']} at epoch {epoch}")
+    return metrics
+
+
+def _summary(best: dict, epochs: int, trained: int | None, seconds: float, params: list, latency: float,
+             notes: dict) -> dict:
+    """What the candidate's result says: its best epoch's score and metrics, over every epoch trained so far (by
+    earlier tasks too, for a resumed one), its planned `epochs` and, where a task trained part of them or went on
+    from a checkpoint, the epochs trained by its end (`epochs_trained`)."""
+    return {"fitness": best["fitness"], "best_epoch": best["epoch"], "epochs": epochs,
+            **({"epochs_trained": trained} if trained is not None else {}),
+            "train_seconds": seconds,
+            "params": sum(p.numel() for p in params),
+            "latency_ms": latency,
+            **{k: v for k, v in best.items() if k not in ("epoch", "fitness")},
+            **notes}
+
+
+def _last_epoch(start: int, epochs: int, until: int | None, resume: str | Path | None) -> int:
+    """The epoch this task trains to: `until`, within the schedule's epochs, and past the checkpoint's `start`."""
+    last = epochs if until is None else min(until, epochs)
+    if last <= start:
+        where = f" (resumed from {resume} at epoch {start} of {epochs})" if resume is not None else ""
+        raise ValueError(f"nothing to train: until = {until}{where}")
+    return last
+
+
 def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torch.Tensor, torch.Tensor]],
                     config: TrainConfig, *, device: str | torch.device = "cpu", seed: int = 0,
                     report: Callable[[dict], None] | None = None, stats: dict | None = None,
-                    parent: dict | None = None, counts: torch.Tensor | None = None) -> tuple[dict, dict]:
+                    parent: dict | None = None, counts: torch.Tensor | None = None, until: int | None = None,
+                    resume: str | Path | None = None, checkpoint: str | Path | None = None) -> tuple[dict, dict]:
     """Train `genome` on data['train'], score it on data['val'] after every epoch; keep the best epoch.
 
     Returns (summary, state_dict of the best epoch). `report` gets each epoch's metrics (it may raise to stop).
     `parent`: a parent's state_dict, inherited where the layers match (evolve/inherit.py). `counts`: the
-    training split's pixels per class (segmentation's weighted_ce; counted here when not given).
+    training split's pixels per class (segmentation's weighted_ce; counted here when not given). `until`: the last
+    epoch to train (None: all; the schedule spans all of them still). `checkpoint`: where the whole training state
+    goes once `until` is reached; `resume`: such a file (evolve/checkpoint.py) to go on from, at its next epoch, with
+    its schedule and best epoch so far (a parent is inherited only at a fresh start).
     """
     device, group = torch.device(device), Group.current()  # group: the processes it is spread over (run.spread)
     torch.manual_seed(seed)
+    resumed = load_checkpoint(resume) if resume is not None else None  # every process of a group reads it
     xtr, ytr = (_on(device, a) for a in data["train"])
     xva, yva = (_on(device, a) for a in data["val"])
-    model, compiled, inherited, fmt = _prepared_model(genome, problem, config, device, xtr, ytr, stats, parent)
+    model, compiled, inherited, fmt = _prepared_model(genome, problem, config, device, xtr, ytr, stats,
+                                                      parent if resumed is None else None)
     compile_seconds = None
     graphs = config.cuda_graphs and not config.compile and device.type == "cuda"  # captured at the first full batch
     fast, captured = compiled, None  # what full batches take; whether the capture took (None: not tried yet)
-    amp_dtype, autocast = _autocast_for(device, config.mixed_precision)
+    amp_dtype, autocast = autocast_for(device, config.mixed_precision)
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
     params = list(model.parameters())  # once: walking the modules was a quarter of the clipping's host time per step
     opt = _optimizer(genome, params, device)
-    n, epochs, steps, sched = _schedule(genome, config, opt, xtr.shape[0], inherited)
+    n, epochs, steps, sched = _schedule(genome, config, opt, xtr.shape[0], inherited, resumed)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     loss_of = _loss_function(genome, problem, model, ytr, counts)
-    best: dict | None = None
-    best_state: dict = {}
+    start, best, best_state, inherited = (0, None, {}, inherited) if resumed is None else \
+        restore(resumed, resume, model, opt, sched, scaler, gen, steps)
+    last = _last_epoch(start, epochs, until, resume)
     t0 = time.perf_counter()
     # the batch loop stays here: `finally` drops what holds the CUDA graphs, which a helper's frame would keep
     try:
-        for epoch in range(1, epochs + 1):
+        for epoch in range(start + 1, last + 1):
             model.train()
             total, batches = torch.zeros((), device=device), 0  # summed on the device: no host sync per batch
             for xb, yb in epoch_batches(xtr, ytr, n, genome.batch_size, gen, device):
@@ -312,22 +241,14 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                 total += group.weighted(loss.detach())
                 batches += 1
                 if compiled is not None and compile_seconds is None:
-                    _sync(device)
+                    sync(device)
                     compile_seconds = time.perf_counter() - t0  # the first step, the compile in it
                 if batches % FINITE_EVERY == 0:
                     _check_finite(group.sum(total), epoch, batches)
-            total = group.sum(total)
-            _check_finite(total, epoch, batches)
-            metrics = {"epoch": epoch, "train_loss": total.item() / max(batches, 1), **group.from_leader(model, lambda:
-                       evaluate_dense(model, xva, yva, problem, config.eval_batch_size, autocast) if problem.is_dense
-                       else evaluate(model, xva, yva, problem.task, config.eval_batch_size, autocast))}
-            if not math.isfinite(metrics["fitness"]):
-                raise NonFiniteLoss(f"validation score is {metrics['fitness']} at epoch {epoch}")
-            if best is None or metrics["fitness"] > best["fitness"]:
-                best = dict(metrics)
-                # a copy on the device: no wait for it here; to the CPU once, at the end
-                best_state = {k: v.detach().clone(memory_format=torch.contiguous_format)
-                              for k, v in model.state_dict().items()}
+            metrics = _validated(model, (xva, yva), problem, config, autocast, group, epoch, total, batches)
+            if best is None or metrics["fitness"] > best["fitness"]:  # its weights copied on the device: no wait
+                best, best_state = dict(metrics), {k: v.detach().clone(memory_format=torch.contiguous_format)
+                                                   for k, v in model.state_dict().items()}  # to the CPU at the end
             group.report(report, metrics)
     finally:
         if captured:  # the graphs and their memory pool sit in reference cycles (a class made per capture), which
@@ -336,12 +257,13 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
             # and cuBLAS keeps a workspace per stream, the capture's from the graphs' pool, which it would hold for
             # good: dropped, as torch's own CUDA graph trees do (torch/_inductor/cudagraph_trees.py)
             getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
-    summary = {"fitness": best["fitness"], "best_epoch": best["epoch"], "epochs": epochs,
-               "train_seconds": time.perf_counter() - t0,
-               "params": sum(p.numel() for p in params),
-               "latency_ms": latency_ms(model, xva, device, autocast),
-               **{k: v for k, v in best.items() if k not in ("epoch", "fitness")},
-               **_how_trained(inherited, amp_dtype, fmt, compile_seconds, graphs, captured)}
+    if checkpoint is not None and group.leader:  # a stopped candidate raised before: it leaves none
+        save_checkpoint(checkpoint, training_state(last, epochs, steps, model, opt, sched, scaler, gen, best,
+                                                   best_state, inherited))
+    summary = _summary(best, epochs, last if until is not None or resumed is not None else None,
+                       time.perf_counter() - t0, params,
+                       latency_ms(model, xva, device, autocast),
+                       _how_trained(inherited, amp_dtype, fmt, compile_seconds, graphs, captured))
     return summary, {k: v.to("cpu") for k, v in best_state.items()}
 
 
@@ -404,7 +326,8 @@ def _parent(path: str | None) -> dict | None:
 
 
 def train_task(task: TrainTask, ctx: Any) -> dict:
-    """The default task function: train, save the best epoch's weights, return {"fitness", "metrics"}."""
+    """The default task function: train, save the best epoch's weights, return {"fitness", "metrics"}. A task with
+    `until`, `resume` or `checkpoint` trains a part of its candidate's epochs (train_candidate)."""
     data = device_data(ctx, access=task.data or DataAccess())
     problem = task.problem
     key = ("stats", problem.task)
@@ -418,8 +341,9 @@ def train_task(task: TrainTask, ctx: Any) -> dict:
             ctx.cache[ckey] = class_counts(ys, problem.num_outputs, problem.ignore_index)
     counts = None if ckey is None else ctx.cache[ckey]
     summary, state = train_candidate(task.genome, task.problem, data, task.train, device=ctx.device, seed=task.seed,
-                                     report=ctx.report, stats=ctx.cache[key], parent=_parent(task.inherit),
-                                     counts=counts)
+                                     report=ctx.report, stats=ctx.cache[key], counts=counts, until=task.until,
+                                     parent=_parent(task.inherit) if task.resume is None else None,  # fresh only
+                                     resume=task.resume, checkpoint=task.checkpoint)
     if task.save and Group.current().leader:  # spread: the group's leader writes the weights
         save_weights(state, task.save)
     return {"fitness": summary.pop("fitness"), "metrics": summary}

@@ -48,7 +48,8 @@ def child_graphs() -> None:
 
     from galapagos.evolve.build import build_model
     from galapagos.evolve.problem import Problem
-    from galapagos.evolve.train import TrainConfig, graphed, train_candidate
+    from galapagos.evolve.steps import graphed
+    from galapagos.evolve.train import TrainConfig, train_candidate
     from galapagos.launch.placement import place
     from tests.test_train import blobs, genome
 

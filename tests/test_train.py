@@ -7,7 +7,8 @@ from galapagos.evolve.build import build_model
 from galapagos.evolve.errors import ConfigError
 from galapagos.evolve.genome import Genome
 from galapagos.evolve.problem import Problem
-from galapagos.evolve.train import NonFiniteLoss, TrainConfig, memory_format, train_candidate
+from galapagos.evolve.steps import memory_format
+from galapagos.evolve.train import NonFiniteLoss, TrainConfig, train_candidate
 from galapagos.launch.protocol import Status
 from galapagos.launch.trainer import status_of
 
