@@ -10,6 +10,7 @@ every helper here leaves the one-device training as it was.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -20,6 +21,7 @@ from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 from galapagos.evolve.build import build_model
 from galapagos.evolve.genome import Genome
 from galapagos.evolve.problem import Problem
+from galapagos.evolve.steps import sync
 
 # Tensors an optimiser keeps per parameter: Adam's and AdamW's two moments, SGD's momentum buffer (evolve/train.py).
 OPTIMIZER_STATES = {"adam": 2, "adamw": 2, "sgd": 1}
@@ -160,3 +162,27 @@ def estimate_memory(genome: Genome, problem: Problem, batch: int, builder: str =
     size = sum(p.numel() * p.element_size() for p in params)
     return Estimate(size, size, OPTIMIZER_STATES.get(genome.optimizer, 2) * size,
                     sum(t.numel() * t.element_size() for t in saved.values()))
+
+
+def step_seconds(genome: Genome, problem: Problem, device: str, builder: str = "", steps: int = 3) -> float:
+    """Seconds one training step of a batch takes on `device`, timed over `steps` steps on random data after an
+    untimed one: what run.spread = "auto" projects a candidate's training time from. Plain float32 steps, without the
+    trainer's mixed precision and CUDA graphs: if anything, slower than the training."""
+    dev = torch.device(device)
+    model = build_model(genome, problem, dev, builder=builder)
+    opt = torch.optim.AdamW(model.parameters())
+    x = torch.randn(genome.batch_size, *problem.sample_shape, device=dev)
+
+    def step() -> None:
+        loss = model(x).float().pow(2).mean()  # any scalar: its backward is a step's work
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+
+    step()
+    sync(dev)
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    sync(dev)
+    return (time.perf_counter() - start) / steps

@@ -71,7 +71,8 @@ class RunConfig(Table):
     spread: int = 1  # devices each candidate trains on at once, data-parallel with the same recipe (a trainer child
     # each, one torch.distributed group): on GPUs at most those the worker rank owns (a node with fewer worker ranks
     # than GPUs); on the CPU each child gets its share of the rank's cores. "auto" (stored as 0): on GPUs, every GPU the
-    # rank owns for a candidate whose estimated memory does not fit in one, one GPU for the rest (launch/spread.py)
+    # rank owns for a candidate whose estimated memory does not fit in one, or whose training on one, projected from
+    # a few timed steps, would take more than half its time limit; one GPU for the rest (launch/spread.py)
 
     def normalise(self) -> dict:
         return {key: 0 for key in ("pack", "spread", "heartbeat") if getattr(self, key) == "auto"}

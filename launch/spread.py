@@ -35,6 +35,9 @@ SPREAD_FN = "galapagos.launch.spread:member"
 # run.spread = "auto" spreads a candidate whose estimated memory (evolve.distributed.estimate_memory) is more than
 # this share of its GPU's free memory; the rest is left to the caching allocator's blocks and the CUDA context.
 MEMORY_SHARE = 0.8
+# ... or whose training on one GPU, projected from a few timed steps (evolve.distributed.step_seconds), would take
+# more than this share of its time limit (run.task_timeout): the rest is validation, and the steps' spread.
+TIME_SHARE = 0.5
 BACKENDS = {"cuda": "nccl", "xpu": "xccl"}  # torch.distributed's backend by device kind; gloo for the CPU
 STOPPED = (Status.OK, Status.CANCELLED)  # a follower's ends that are not failures: done, or stopped by the leader
 # Seconds the children's failures are gathered before the task's is chosen (Spread._fail): one child's failure makes
@@ -72,7 +75,9 @@ class Member:
     rank: int
     size: int
     store: str  # the FileStore's file
-    auto: bool  # the leader decides from the candidate's memory whether the group trains it (run.spread = auto)
+    auto: bool  # the leader decides from the candidate's memory and speed whether the group trains it (run.spread
+    # = auto)
+    time_limit: float | None = None  # the task's
 
     @property
     def save(self) -> str | None:  # where the trainer looks for the file a refused write names
@@ -94,7 +99,7 @@ def member(job: Member, ctx: Any) -> dict:
     size = job.size
     if job.auto:
         if job.rank == 0:
-            store.set("size", str(size if needs_group(job.payload, ctx.device) else 1))
+            store.set("size", str(size if needs_group(job.payload, ctx, job.time_limit) else 1))
         size = int(store.get("size"))
     if size == 1:  # fits one device: the leader trains it as a one-device candidate; the others have nothing to do
         # (and what a follower returns is never the task's)
@@ -118,14 +123,16 @@ def _spread_over(size: int, out: dict | None) -> dict:
     return {**out, "metrics": {**out.get("metrics", {}), "spread": size}}
 
 
-def needs_group(payload: Any, device: str) -> bool:
+def needs_group(payload: Any, ctx: Any, time_limit: float | None) -> bool:
     """run.spread = "auto": whether a candidate's estimated memory is more than MEMORY_SHARE of what its GPU has
-    free. A payload that is not a network to train (a custom run.task's) stays on one device, as one that cannot
-    be built on the meta device does (a custom train.builder's)."""
+    free, or its training there, projected from a few timed steps, more than TIME_SHARE of its time limit. A payload
+    that is not a network to train (a custom run.task's) stays on one device, as one that cannot be built or timed
+    (a custom train.builder's, a streamed training split) does."""
     import torch
 
     from galapagos.evolve.distributed import estimate_memory
 
+    device = ctx.device
     if not hasattr(payload, "genome") or not device.startswith("cuda"):
         return False
     try:
@@ -135,7 +142,33 @@ def needs_group(payload: Any, device: str) -> bool:
                     exc)
         return False
     free, _ = torch.cuda.mem_get_info(device)
-    return need.total > MEMORY_SHARE * free
+    return need.total > MEMORY_SHARE * free or too_slow(payload, ctx, time_limit)
+
+
+def too_slow(payload: Any, ctx: Any, time_limit: float | None) -> bool:
+    """Whether one device would train the candidate in more than TIME_SHARE of `time_limit`: its steps per epoch
+    (the training split's rows, or train.max_train_samples, over the batch) times its epochs, at the speed of a few
+    steps timed on `ctx.device`."""
+    from galapagos.datashare.plan import split_arrays
+    from galapagos.evolve.distributed import step_seconds
+
+    if not time_limit:
+        return False
+    try:
+        train = split_arrays(ctx.data, ("train",))["train"]
+        rows = len(train.index) if train.index is not None else len(train.x)
+        seconds = step_seconds(payload.genome, payload.problem, ctx.device, payload.train.builder)
+    except Exception as exc:  # noqa: BLE001 - not timed: trained on one device, as it always was
+        log.warning("no step time for %s (%s: %s): it trains on one device", payload.genome, type(exc).__name__, exc)
+        return False
+    if payload.train.max_train_samples:
+        rows = min(rows, payload.train.max_train_samples)
+    projected = seconds * max(1, rows // payload.genome.batch_size) * payload.train.epochs
+    if projected > TIME_SHARE * time_limit:
+        log.info("candidate %s would train about %.0f s on %s, its limit %.0f s: it spreads", payload.genome,
+                 projected, ctx.device, time_limit)
+        return True
+    return False
 
 
 class Spread(Children):
@@ -190,7 +223,7 @@ class Spread(Children):
         store = str(self.store / f"{task.id}.{self.tries}")
         events: list = []
         for i, child in enumerate(self.children):
-            job = Member(self.task_fn, task.payload, i, len(self.children), store, self.auto)
+            job = Member(self.task_fn, task.payload, i, len(self.children), store, self.auto, task.time_limit)
             events += self._take(i, child.submit(Task(task.id, job, task.time_limit)))
         return events + self._decided()  # where no child could start, at once
 

@@ -308,6 +308,22 @@ def test_the_estimate_is_what_a_cpu_training_step_holds():
     assert estimate_memory(genome, problem, 64).activations == pytest.approx(4 * est.activations, rel=0.05)
 
 
+def test_auto_spreads_a_candidate_too_slow_for_its_time_limit_on_one_device():
+    """run.spread = "auto" also spreads a candidate whose training on one device, projected from a few timed steps
+    over its epochs and the training split's batches, would pass half its time limit (launch/spread.py: too_slow).
+    On the CPU here: no limit, or hours, and it stays; a limit no step fits in, and it spreads."""
+    from types import SimpleNamespace
+
+    from galapagos.launch.spread import TIME_SHARE, too_slow
+
+    ctx = SimpleNamespace(device="cpu", data=blobs())
+    task = TrainTask(GENOME, PROBLEM, TrainConfig(epochs=2))
+    assert not too_slow(task, ctx, None) and not too_slow(task, ctx, 3600.0)
+    assert too_slow(task, ctx, 1e-6) and TIME_SHARE == 0.5
+    lost = SimpleNamespace(device="cpu", data={})  # no training split to count (streamed): trained on one device
+    assert not too_slow(task, lost, 1e-6)
+
+
 def test_the_width_follows_the_devices_a_rank_owns():
     assert spread_width(1, ("cuda:0", "cuda:1"), 1) == 1
     assert spread_width("auto", ("cuda:0", "cuda:2"), 1) == 2
