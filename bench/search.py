@@ -29,10 +29,11 @@ positions permuted (convolutions the wrong prior), `signals-clean` from the sign
 (sigma 0.2 instead of 0.3: best networks near 0.98, the regime of issue 10's held-out 1D set; no config or
 network was tuned on it) and `shapes-noisy` from the shapes generator with more noise (sigma 0.45 instead of
 0.25) and twice the images, half of them for val and test: on the plain shapes every contestant's best network
-reaches the data's own limit (about 0.98) and 450 test images cannot rank them. The config of each dataset is
-bench/search_configs/NAME.toml, the variants sharing their generator's (`config_path`). With `--default-space`
-every contestant searches Galapagos's default space with its default recipe instead (an empty config: what a new
-user runs, as issue 10 measured), and the expert trains its network with that recipe.
+reaches the data's own limit (about 0.98) and 450 test images cannot rank them. `spectra` and `fields`
+(bench/heldout.py) are issue 40's held-out sets, used for no tuning decision (bench/PROTOCOL.md). The config of
+each dataset is bench/search_configs/NAME.toml, the variants sharing their generator's (`config_path`). With
+`--default-space` every contestant searches Galapagos's default space with its default recipe instead (an empty
+config: what a new user runs, as issue 10 measured), and the expert trains its network with that recipe.
 Prints one JSON line per run, then the mean and standard deviation over seeds per dataset and contestant.
 """
 from __future__ import annotations
@@ -66,6 +67,8 @@ from galapagos.evolve.space import SearchSpace
 from galapagos.evolve.train import NonFiniteLoss, normalization_stats, train_candidate
 from galapagos.examples import cosmoflow, shapes, signals, tabular
 
+from bench import heldout
+
 
 def signals_permuted(out_path: str | Path, *, seed: int = 0) -> None:
     """examples/signals.py with the positions of every trace permuted by one fixed permutation: convolutions are
@@ -87,6 +90,8 @@ DATASETS = {  # name -> (generator, its arguments, its configs in CONFIGS): each
     "shapes-noisy": (shapes.generate, {"samples": 6000, "noise": 0.45, "fractions": (0.5, 0.25, 0.25)}, "shapes"),
     "cosmoflow": (cosmoflow.generate, {"samples": 1200, "size": 12}, "cosmoflow"),
     "tabular": (tabular.generate, {}, "tabular"),
+    "spectra": (heldout.spectra, {}, "spectra"),  # held out: bench/PROTOCOL.md
+    "fields": (heldout.fields, {}, "fields"),
 }
 CONTESTANTS = ("evolution", "random", "tpe", "optuna-random", "expert")
 EXPERT_TIME_USED = 0.85  # of the time left that the expert's longer training is planned to take (a margin for noise)

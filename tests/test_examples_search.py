@@ -60,6 +60,8 @@ BENCH_PROBLEMS = [
     ("shapes-noisy", Problem((1, 16, 16), "classification", 6)),
     ("cosmoflow", Problem((1, 12, 12, 12), "regression", 2)),
     ("tabular", Problem((24,), "regression", 1)),
+    ("spectra", Problem((1, 256), "classification", 8)),
+    ("fields", Problem((1, 32, 32), "classification", 6)),
 ]
 
 
@@ -107,7 +109,8 @@ def test_every_benchmark_dataset_has_an_expert_network_that_builds_for_it(name, 
     genome = Genome.from_json(expert_path(name).read_text())
     assert count_params(genome, problem) > 10_000
     convolutional = any(g.type in ("conv", "residual") for g in genome.layers)
-    assert convolutional == (name in ("signals", "signals-clean", "shapes", "shapes-noisy", "cosmoflow"))
+    assert convolutional == (name in ("signals", "signals-clean", "shapes", "shapes-noisy", "cosmoflow", "spectra",
+                                      "fields"))
 
 
 def test_the_expert_trains_its_network_then_a_longer_run_and_saves_the_best(tmp_path):
