@@ -4,11 +4,14 @@
     python -m bench.search --datasets signals shapes cosmoflow tabular --seeds 0 1 2 --minutes 1.5 --workers 2
     python -m bench.search --contestants evolution expert ...   # a part of the field
 
-Four contestants search the same space for the same data, one after another on the same cores, and an expert
-trains a hand-written network there:
+Six contestants search the same space for the same data, one after another on the same cores, and an expert
+trains a hand-written network there (bench/PROTOCOL.md says which answer what):
 - `evolution`, `random`: `galapagos evolve --strategy evolution|random --workers W --budget-minutes M`;
+  `evolution-no-priors` the same with `evolution.priors = false` (the algorithm's share without the priors');
 - `tpe`, `optuna-random`: W processes sharing one Optuna study (a journal file), TPESampler or RandomSampler
-  seeded by 1000 * seed + process, MedianPruner with the config's `run.prune_after` and `run.prune_min_results`.
+  seeded by 1000 * seed + process, MedianPruner with the config's `run.prune_after` and `run.prune_min_results`;
+  `tpe-best` is TPE at its best: multivariate, constant liar, HyperbandPruner, warm-started with evolution's prior
+  networks (bench/peers.py).
   Each trial maps Galapagos's `[space]` onto `trial.suggest_*` (`genome_from_trial`), repairs or rejects the genome
   with `evolve.check.check_genome` (a rejected one is a pruned trial) and trains it with `evolve.train.
   train_candidate`: the same `[train]` recipe, splits, normalisation and seed per evaluation as a Galapagos worker,
@@ -42,7 +45,6 @@ import argparse
 import dataclasses
 import itertools
 import json
-import multiprocessing
 import os
 import signal
 import statistics
@@ -56,18 +58,14 @@ import numpy as np
 import torch
 
 from galapagos.config import Config, load_config
-from galapagos.datashare.format import inspect, load
+from galapagos.datashare.format import load
 from galapagos.datashare.write import write_dataset
-from galapagos.evolve.check import check_genome
-from galapagos.evolve.errors import InvalidGenome
-from galapagos.evolve.genome import GENE_FIELDS, Gene, Genome
-from galapagos.evolve.netdir import NetworkDir
-from galapagos.evolve.problem import Problem
-from galapagos.evolve.space import SearchSpace
-from galapagos.evolve.train import NonFiniteLoss, normalization_stats, train_candidate
+from galapagos.evolve.genome import Genome
+from galapagos.evolve.train import NonFiniteLoss, train_candidate
 from galapagos.examples import cosmoflow, shapes, signals, tabular
 
 from bench import heldout
+from bench.peers import OPTUNA, Deadline, save_best, spawn, training_data, run_optuna
 
 
 def signals_permuted(out_path: str | Path, *, seed: int = 0) -> None:
@@ -93,10 +91,9 @@ DATASETS = {  # name -> (generator, its arguments, its configs in CONFIGS): each
     "spectra": (heldout.spectra, {}, "spectra"),  # held out: bench/PROTOCOL.md
     "fields": (heldout.fields, {}, "fields"),
 }
-CONTESTANTS = ("evolution", "random", "tpe", "optuna-random", "expert")
+CONTESTANTS = ("evolution", "evolution-no-priors", "random", "tpe", "tpe-best", "optuna-random", "expert")
 EXPERT_TIME_USED = 0.85  # of the time left that the expert's longer training is planned to take (a margin for noise)
 CONFIGS = Path(__file__).parent / "search_configs"
-MAX_DENSE = 3  # dense-section genes of a sampled network with a spatial section, as evolve.space samples them
 
 
 def config_path(name: str) -> Path:
@@ -109,146 +106,6 @@ def expert_path(name: str) -> Path:
     return config_path(name).with_suffix(".expert.json")
 
 
-class Deadline(Exception):
-    """The contestant's wall time is over: the trial in training is abandoned, as Galapagos abandons its tasks."""
-
-
-def _gene(trial, name: str, gene_type: str, space: SearchSpace, problem: Problem) -> Gene:
-    values = {f: trial.suggest_float(f"{name}_{gene_type}_rate", *space.dropout) if f == "rate"
-              else trial.suggest_categorical(f"{name}_{gene_type}_{f}", space.field_choices(problem, f))
-              for f in GENE_FIELDS[gene_type]}
-    return Gene(gene_type, **values)
-
-
-def genome_from_trial(trial, space: SearchSpace, problem: Problem) -> Genome:
-    """A genome of Galapagos's search space from an Optuna trial, drawn as evolve.space draws a random network: a
-    layer count, a spatial section starting with conv or residual, then up to MAX_DENSE genes starting with dense
-    (only dense-section genes for tabular data), and the training genes. Not yet repaired: see check_genome."""
-    n = trial.suggest_int("layers", space.min_layers, space.max_layers)
-    spatial, dense = space.section_types(problem, "spatial"), space.section_types(problem, "dense")
-    if problem.spatial_dims == 0 or not spatial:
-        n_dense = n
-    else:
-        n_dense = trial.suggest_int("dense_layers", 0, min(MAX_DENSE, n)) if "dense" in dense else 0
-    layers = []
-    first = tuple(t for t in ("conv", "residual") if t in spatial) or spatial
-    for i in range(n - n_dense):
-        gene_type = trial.suggest_categorical(f"spatial{i}", first if i == 0 else spatial)
-        layers.append(_gene(trial, f"spatial{i}", gene_type, space, problem))
-    for i in range(n_dense):
-        gene_type = "dense" if i == 0 and "dense" in dense else trial.suggest_categorical(f"dense{i}", dense)
-        layers.append(_gene(trial, f"dense{i}", gene_type, space, problem))
-    decay = 0.0
-    if space.weight_decay != (0.0, 0.0) and (space.zero_weight_decay_prob == 0
-                                             or trial.suggest_categorical("weight_decay_on", (True, False))):
-        decay = trial.suggest_float("weight_decay", *space.weight_decay, log=True)
-    return Genome(layers=tuple(layers), optimizer=trial.suggest_categorical("optimizer", space.optimizers),
-                  lr=trial.suggest_float("lr", *space.lr, log=True),
-                  batch_size=trial.suggest_categorical("batch_size", space.batch_sizes), weight_decay=decay,
-                  head=trial.suggest_categorical("head", space.heads) if problem.spatial_dims else space.heads[0])
-
-
-def _storage(path: Path):
-    """The study's storage: a journal file that the contestant's processes share (Optuna's choice for several
-    processes on one machine without a database server)."""
-    from optuna.storages import JournalStorage
-    from optuna.storages.journal import JournalFileBackend
-    return JournalStorage(JournalFileBackend(str(path)))
-
-
-def _training_data(data: Path) -> tuple[Problem, dict, dict]:
-    """The problem, the train and val tensors and the normalisation a worker of Galapagos would use."""
-    info, arrays = load(data, ("train", "val"))
-    problem = Problem.of_dataset(info)
-    tensors = {split: tuple(torch.from_numpy(a) for a in arrays[split]) for split in ("train", "val")}
-    return problem, tensors, normalization_stats(*tensors["train"], problem.task)
-
-
-def _spawn(target, args: list[tuple], who: str) -> None:
-    """Run one process per tuple of arguments (spawned: no torch state inherited) and wait for all of them."""
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=target, args=a) for a in args]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    if failed := [p.exitcode for p in procs if p.exitcode]:
-        raise RuntimeError(f"{who}: {len(failed)} process(es) failed (exit codes {failed}); their tracebacks are above")
-
-
-def _save_best(out: Path, data: Path, genome: dict, fitness: float, weights: Path) -> Path:
-    NetworkDir(out / "best").write(genome, {"problem": Problem.of_dataset(inspect(data)).to_dict(),
-                                            "fitness": fitness}, weights_from=weights)
-    return out / "best"
-
-
-def optuna_worker(contestant: str, storage: Path, data: Path, config: Config, seed: int, worker: int, core: int,
-                  deadline: float, out: Path) -> None:
-    """One of the W processes of an Optuna contestant: trials until the deadline."""
-    import optuna
-    os.sched_setaffinity(0, {core})
-    torch.set_num_threads(1)
-    optuna.logging.set_verbosity(optuna.logging.ERROR)  # no line per trial
-    problem, tensors, stats = _training_data(data)
-    run = config.run
-    sampler = (optuna.samplers.TPESampler if contestant == "tpe" else optuna.samplers.RandomSampler)(
-        seed=1000 * seed + worker)
-    pruner = (optuna.pruners.MedianPruner(n_startup_trials=run.prune_min_results, n_warmup_steps=run.prune_after)
-              if run.prune else optuna.pruners.NopPruner())
-
-    def objective(trial) -> float:
-        try:
-            genome = check_genome(genome_from_trial(trial, config.space, problem), problem, config.space)
-        except InvalidGenome as exc:
-            trial.set_user_attr("invalid", str(exc))
-            raise optuna.TrialPruned() from None
-        trial.set_user_attr("genome", genome.to_json())
-
-        def report(metrics: dict) -> None:
-            if time.time() >= deadline:
-                trial.set_user_attr("abandoned", True)
-                raise Deadline
-            trial.report(metrics["fitness"], metrics["epoch"])
-            if metrics["epoch"] < config.train.epochs and trial.should_prune():
-                raise optuna.TrialPruned()
-
-        summary, state = train_candidate(genome, problem, tensors, config.train, seed=seed * 1_000_003 + trial.number,
-                                         report=report, stats=stats)
-        torch.save(state, out / f"{trial.number}.pt")
-        return summary["fitness"]
-
-    try:  # a diverged candidate (NonFiniteLoss) is a failed trial, as Galapagos records it `nan`
-        study = optuna.load_study(study_name="search", storage=_storage(storage), sampler=sampler, pruner=pruner)
-        study.optimize(objective, timeout=max(0.0, deadline - time.time()), catch=(FloatingPointError,))
-    except Deadline:
-        pass
-
-
-def run_optuna(contestant: str, data: Path, config_path: Path, out: Path, seed: int, workers: int,
-               cores: list[int], deadline: float, sets: list[str]) -> dict:
-    import optuna
-    from optuna.trial import TrialState
-    config = load_config(config_path, sets)
-    out.mkdir(parents=True)
-    storage = out / "journal.log"
-    optuna.create_study(study_name="search", direction="maximize", storage=_storage(storage))
-    _spawn(optuna_worker, [(contestant, storage, data, config, seed, w, cores[w % len(cores)], deadline, out)
-                           for w in range(workers)], contestant)
-    trials = optuna.load_study(study_name="search", storage=_storage(storage)).get_trials(deepcopy=False)
-    done = [t for t in trials if t.state == TrialState.COMPLETE]
-    status = {"ok": done,
-              "pruned": [t for t in trials if t.state == TrialState.PRUNED and "invalid" not in t.user_attrs],
-              "failed": [t for t in trials if t.state == TrialState.FAIL and "abandoned" not in t.user_attrs],
-              "invalid": [t for t in trials if "invalid" in t.user_attrs]}
-    row = {"evaluations": sum(len(status[s]) for s in ("ok", "pruned", "failed")),
-           "by_status": {s: len(v) for s, v in status.items() if v}, "val": None, "model": None}
-    if done:
-        best = max(done, key=lambda t: t.value)
-        row.update(val=best.value, model=_save_best(out, data, best.user_attrs["genome"], best.value,
-                                                    out / f"{best.number}.pt"))
-    return row
-
-
 def expert_worker(data: Path, config: Config, genome: dict, seed: int, worker: int, core: int, deadline: float,
                   out: Path) -> None:
     """One of the W processes of the expert: the hand-written network trained with the recipe's epochs, then for
@@ -256,7 +113,7 @@ def expert_worker(data: Path, config: Config, genome: dict, seed: int, worker: i
     budget on a longer one), again until the deadline; each finished training's summary and weights saved."""
     os.sched_setaffinity(0, {core})
     torch.set_num_threads(1)
-    problem, tensors, stats = _training_data(data)
+    problem, tensors, stats = training_data(data)
     network = Genome.from_json(genome)
     epochs = config.train.epochs
 
@@ -293,7 +150,7 @@ def run_expert(data: Path, config_path: Path, expert: Path, out: Path, seed: int
     config = load_config(config_path, sets)
     genome = json.loads(expert.read_text())
     out.mkdir(parents=True)
-    _spawn(expert_worker, [(data, config, genome, seed, w, cores[w % len(cores)], deadline, out)
+    spawn(expert_worker, [(data, config, genome, seed, w, cores[w % len(cores)], deadline, out)
                            for w in range(workers)], "expert")
     runs = [(json.loads(p.read_text()), p.with_suffix(".pt")) for p in sorted(out.glob("*.json"), key=_expert_order)]
     done = [(r["fitness"], weights) for r, weights in runs if "fitness" in r]
@@ -301,7 +158,7 @@ def run_expert(data: Path, config_path: Path, expert: Path, out: Path, seed: int
            "epochs": [r["epochs"] for r, _ in runs], "val": None, "model": None}
     if done:
         fitness, weights = max(done)
-        row.update(val=fitness, model=_save_best(out, data, genome, fitness, weights))
+        row.update(val=fitness, model=save_best(out, data, genome, fitness, weights))
     return row
 
 
@@ -380,12 +237,12 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--default-space", action="store_true", help="every contestant with the default space and "
                    "recipe (an empty config) instead of the dataset's")
     args = p.parse_args(argv)
-    if {"tpe", "optuna-random"} & set(args.contestants):
+    if set(OPTUNA) & set(args.contestants):
         try:
             import optuna  # noqa: F401
         except ImportError:
-            p.error("the Optuna contestants need optuna: pip install -e \".[bench]\" (or leave out tpe and "
-                    "optuna-random with --contestants)")
+            p.error("the Optuna contestants need optuna: pip install -e \".[bench]\" (or leave out "
+                    f"{', '.join(OPTUNA)} with --contestants)")
     cores = args.cores or sorted(os.sched_getaffinity(0))[:args.workers]
     os.sched_setaffinity(0, cores)  # every contestant's processes inherit it
     rows = []
@@ -403,13 +260,14 @@ def main(argv: list[str] | None = None) -> None:
                     t0 = time.time()
                     deadline = t0 + 60 * args.minutes
                     config = work / "defaults.toml" if args.default_space else config_path(name)
-                    if contestant in ("evolution", "random"):
-                        r = run_galapagos(contestant, data, config, out, seed, args.minutes, args.workers, deadline,
-                                          args.set)
+                    if contestant in ("evolution", "evolution-no-priors", "random"):
+                        r = run_galapagos(contestant.removesuffix("-no-priors"), data, config, out, seed, args.minutes,
+                                          args.workers, deadline,
+                                          args.set + ["evolution.priors=false"] * contestant.endswith("no-priors"))
                     elif contestant == "expert":
                         r = run_expert(data, config, expert_path(name), out, seed, args.workers, cores, deadline,
                                        args.set)
-                    else:
+                    elif contestant in OPTUNA:
                         r = run_optuna(contestant, data, config, out, seed, args.workers, cores, deadline, args.set)
                     wall = time.time() - t0
                     model, val = r.pop("model"), r.pop("val")

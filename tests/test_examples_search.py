@@ -1,5 +1,6 @@
-"""The bundled signals and tabular generators, bench/search.py's permuted signals, the Optuna side of
-bench/search.py (its trials draw genomes of Galapagos's search space that check_genome accepts) and its expert."""
+"""The bundled signals and tabular generators, bench/search.py's permuted signals, its Optuna peers (bench/peers.py:
+their trials draw genomes of Galapagos's search space that check_genome accepts, and TPE at its best starts from
+evolution's prior networks) and its expert."""
 
 from __future__ import annotations
 
@@ -75,7 +76,8 @@ def test_the_bench_problems_list_every_benchmark_dataset():
 @pytest.mark.parametrize("name, problem", BENCH_PROBLEMS)
 def test_optuna_trials_draw_genomes_of_the_galapagos_space(name, problem, default):
     optuna = pytest.importorskip("optuna", reason="Optuna is a benchmark extra: pip install -e '.[bench]'")
-    from bench.search import config_path, genome_from_trial
+    from bench.peers import genome_from_trial
+    from bench.search import config_path
 
     space = SearchSpace() if default else load_config(config_path(name)).space
     optuna.logging.set_verbosity(optuna.logging.ERROR)
@@ -126,3 +128,35 @@ def test_the_expert_trains_its_network_then_a_longer_run_and_saves_the_best(tmp_
     assert row["val"] == max(r["fitness"] for r in runs if "fitness" in r) and 0.0 < row["val"] <= 1.0
     model, genome, _ = NetworkDir(row["model"]).load()
     assert genome == Genome.from_json(expert_path("signals").read_text())
+
+
+@pytest.mark.parametrize("default", [False, True], ids=["its-space", "default-space"])
+@pytest.mark.parametrize("name, problem", BENCH_PROBLEMS)
+def test_tpe_at_its_best_starts_from_the_prior_networks_evolution_starts_from(name, problem, default):
+    """bench/peers.py's trial_params: the parameters of a trial that genome_from_trial turns into each prior network
+    (evolve/priors.py), for study.enqueue_trial. Every prior a trial can draw comes back as itself; at least one per
+    dataset does, so the warm start is never empty."""
+    optuna = pytest.importorskip("optuna", reason="Optuna is a benchmark extra: pip install -e '.[bench]'")
+    from bench.peers import genome_from_trial, trial_params
+    from bench.search import config_path
+    from galapagos.evolve.priors import prior_genomes
+
+    space = SearchSpace() if default else load_config(config_path(name)).space
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0, multivariate=True))
+    priors = prior_genomes(space, problem)
+    enqueued = [g for g in priors if (params := trial_params(g, space, problem)) is not None
+                and study.enqueue_trial(params) is None]
+    assert enqueued, f"no prior network of {name} is a trial of its space"
+    for genome in enqueued:
+        trial = study.ask()
+        assert genome_from_trial(trial, space, problem) == genome
+        study.tell(trial, 0.0)
+
+
+def test_every_contestant_of_the_protocol_is_one_bench_search_runs():
+    from bench.peers import OPTUNA
+    from bench.search import CONTESTANTS
+
+    assert {"evolution", "evolution-no-priors", "tpe-best", "expert"} <= set(CONTESTANTS)
+    assert set(OPTUNA) <= set(CONTESTANTS)
