@@ -65,6 +65,7 @@ from galapagos.evolve.train import NonFiniteLoss, train_candidate
 from galapagos.examples import cosmoflow, shapes, signals, tabular
 
 from bench import heldout
+from bench.paired import compare
 from bench.peers import OPTUNA, Deadline, save_best, spawn, training_data, run_optuna
 
 
@@ -91,6 +92,7 @@ DATASETS = {  # name -> (generator, its arguments, its configs in CONFIGS): each
     "spectra": (heldout.spectra, {}, "spectra"),  # held out: bench/PROTOCOL.md
     "fields": (heldout.fields, {}, "fields"),
 }
+HELD_OUT = ("spectra", "fields")  # the protocol's evidence (bench/PROTOCOL.md); the others were tuned on
 CONTESTANTS = ("evolution", "evolution-no-priors", "random", "tpe", "tpe-best", "optuna-random", "expert")
 EXPERT_TIME_USED = 0.85  # of the time left that the expert's longer training is planned to take (a margin for noise)
 CONFIGS = Path(__file__).parent / "search_configs"
@@ -218,7 +220,10 @@ def table(rows: list[dict], datasets: list[str], contestants: list[str]) -> str:
             ahead = ", ".join(f"{c} {'yes' if means['evolution'] > m else 'no'}" for c, m in means.items()
                               if c != "evolution")
             verdicts.append(f"{d}: is evolution's mean test score ahead? {ahead}")
-    return "\n".join(lines + [""] + verdicts)
+    paired = [compare(rows, "evolution", peer, sets) for peer in ("tpe-best", "tpe") for sets in
+              ([d for d in datasets if d in HELD_OUT], [d for d in datasets if d not in HELD_OUT])
+              if {"evolution", peer} <= set(contestants) and sets]
+    return "\n".join(lines + [""] + verdicts + [""] + paired)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -1,0 +1,34 @@
+"""The search benchmark's paired statistics (bench/paired.py), against values worked out by hand."""
+import pytest
+
+from bench.paired import bootstrap_ci, compare, wilcoxon_greater
+
+
+def test_the_signed_rank_test_is_exact_on_small_samples():
+    assert wilcoxon_greater([1, 2, 3, 4, 5]) == pytest.approx(1 / 32)  # every sign positive: 1 of 2^5
+    assert wilcoxon_greater([-1, 2, 3, 4, 5]) == pytest.approx(2 / 32)  # W+ = 14: {2,3,4,5} and all five reach it
+    assert wilcoxon_greater([-5, -4, -3, -2, -1]) == pytest.approx(1.0)  # leaning negative: no evidence
+    assert wilcoxon_greater([0.1, -0.1]) == pytest.approx(3 / 4)  # tied magnitudes share rank 1.5
+    assert wilcoxon_greater([0.0, 0.0]) == 1.0 and wilcoxon_greater([0.0, 1.0]) == pytest.approx(1 / 2)
+
+
+def test_the_normal_approximation_takes_over_beyond_twenty_pairs_and_agrees():
+    d = [(-1) ** (i % 3 == 0) * (i + 1) for i in range(24)]  # a third negative
+    exact_20, approx_24 = wilcoxon_greater(d[:20]), wilcoxon_greater(d)
+    assert 0 < approx_24 < 0.5 and 0 < exact_20 < 0.5
+    assert wilcoxon_greater([x + 0.5 for x in range(1, 25)]) < 1e-5
+
+
+def test_the_bootstrap_interval_holds_the_mean_and_is_repeatable():
+    d = [0.01, 0.03, -0.02, 0.04, 0.02]
+    low, high = bootstrap_ci(d)
+    assert low < sum(d) / len(d) < high and (low, high) == bootstrap_ci(d)
+    assert bootstrap_ci([0.02] * 5) == pytest.approx((0.02, 0.02))
+
+
+def test_runs_pair_by_dataset_and_seed_and_unfinished_ones_drop_out():
+    rows = [{"dataset": "spectra", "contestant": c, "seed": s, "test": t}
+            for s in range(3) for c, t in (("evolution", 0.9), ("tpe-best", 0.8 if s else None))]
+    text = compare(rows, "evolution", "tpe-best", ["spectra"])
+    assert "2 paired runs" in text and "+0.1000" in text and "p = 0.2500" in text
+    assert "no (dataset, seed) run" in compare(rows, "evolution", "tpe", ["spectra"])
