@@ -94,7 +94,7 @@ def trial_params(genome: Genome, space: SearchSpace, problem: Problem) -> dict |
     for name, gene, types in named:
         if gene.type not in types:
             return None
-        if types != ("dense",) or not name == "dense0":
+        if name != "dense0" or "dense" not in dense:  # genome_from_trial's first dense gene is dense, unsuggested
             params[name] = gene.type
         for f in GENE_FIELDS[gene.type]:
             params[f"{name}_{gene.type}_{f}"] = gene[f]

@@ -53,7 +53,6 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from pathlib import Path
 from typing import NamedTuple
 
 import galapagos.launch.runtime as runtime
@@ -363,7 +362,7 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
                                 f"train.epochs={EPOCHS}"]
                          + ([] if breeder_workers is None else [f"evolution.breeder_workers={breeder_workers}"]))
     config = dataclasses.replace(config, evolution=config.evolution.sized(workers))  # as flows.evolution.check
-    liveness = dataclasses.replace(config.run.liveness(Path(), workers), master_file="")  # run.heartbeat = "auto"
+    liveness = config.run.liveness("", workers)  # run.heartbeat = "auto"
     clock = Clock()
     comm = SimComm(workers, clock, median, sigma, seed=0, per_node=per_node, beat=liveness.interval)
 

@@ -36,6 +36,11 @@ class CheckpointError(ValueError):
     """A checkpoint that is missing, unreadable or not this candidate's; the message names the file."""
 
 
+def _first_line(exc: Exception) -> str:
+    """An error as its type and the first line of its message (torch's run to many lines)."""
+    return f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:200]}"
+
+
 def _device_rng(device: torch.device) -> torch.Tensor | None:
     return getattr(torch, device.type).get_rng_state(device) if device.type in GPU_TYPES else None
 
@@ -68,9 +73,7 @@ def load_checkpoint(path: str | Path) -> dict:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - cut short, garbled, not torch's: torch fails in many ways
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise CheckpointError(f"cannot resume from {path}: not a readable checkpoint ({type(exc).__name__}: "
-                              f"{first})") from exc
+        raise CheckpointError(f"cannot resume from {path}: not a readable checkpoint ({_first_line(exc)})") from exc
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"cannot resume from {path}: not a training checkpoint (no format {FORMAT!r})")
     if state.get("version") != VERSION:
@@ -101,7 +104,5 @@ def restore(state: dict, path: str | Path, model: torch.nn.Module, opt: torch.op
         if state["device_rng"] is not None and device.type in GPU_TYPES:
             getattr(torch, device.type).set_rng_state(state["device_rng"], device)
     except (RuntimeError, ValueError, KeyError, TypeError) as exc:
-        first = (str(exc).strip().splitlines() or [""])[0][:200]
-        raise CheckpointError(f"cannot resume from {path}: it is not this candidate's ({type(exc).__name__}: "
-                              f"{first})") from exc
+        raise CheckpointError(f"cannot resume from {path}: it is not this candidate's ({_first_line(exc)})") from exc
     return state["epoch"], dict(state["best"]), state["best_state"], state["inherited"]

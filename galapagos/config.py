@@ -87,9 +87,9 @@ class RunConfig(Table):
         """run.spread as the workers' Setup takes it: a count, or "auto"."""
         return self.spread or "auto"
 
-    def liveness(self, master_file: Path, workers: int) -> Liveness:
+    def liveness(self, master_file: Path | str, workers: int) -> Liveness:
         """The heartbeat settings the workers get with their setup, for a job of `workers`; `master_file`:
-        RunDir.master_heartbeat."""
+        RunDir.master_heartbeat ("": none)."""
         if self.heartbeat:
             return Liveness(self.heartbeat, self.worker_timeout, self.master_timeout, str(master_file))
         beat = max(Liveness.interval, workers / ALIVE_RATE)

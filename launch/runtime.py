@@ -393,11 +393,10 @@ def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None
         stopped = [rank for rank in range(1, comm.size) if rank not in state.lost]
         for rank in stopped:
             loop.send(Stop(), rank)
-        if collecting and sys.exc_info()[0] is not None:
+        if sys.exc_info()[0] is None:  # an exception goes on up at once
+            _read_until_stopped(comm, stopped, state.failed)
+        if collecting:
             gc.enable()
-    _read_until_stopped(comm, stopped, state.failed)
-    if collecting:
-        gc.enable()
     state.ended = True
     source.on_tick(state)
     return state
