@@ -4,10 +4,12 @@
     python -m bench.search --datasets signals shapes cosmoflow tabular --seeds 0 1 2 --minutes 1.5 --workers 2
     python -m bench.search --contestants evolution expert ...   # a part of the field
 
-Six contestants search the same space for the same data, one after another on the same cores, and an expert
+Seven contestants search the same space for the same data, one after another on the same cores, and an expert
 trains a hand-written network there (bench/PROTOCOL.md says which answer what):
 - `evolution`, `random`: `galapagos evolve --strategy evolution|random --workers W --budget-minutes M`;
-  `evolution-no-priors` the same with `evolution.priors = false` (the algorithm's share without the priors');
+  `evolution-no-priors` the same with `evolution.priors = false` (the algorithm's share without the priors'),
+  `evolution-rungs` with `evolution.rungs = 2` (multi-fidelity, evolve/rungs.py: the best third of the candidates
+  trained on to three times the epochs);
 - `tpe`, `optuna-random`: W processes sharing one Optuna study (a journal file), TPESampler or RandomSampler
   seeded by 1000 * seed + process, MedianPruner with the config's `run.prune_after` and `run.prune_min_results`;
   `tpe-best` is TPE at its best: multivariate, constant liar, HyperbandPruner, warm-started with evolution's prior
@@ -93,7 +95,14 @@ DATASETS = {  # name -> (generator, its arguments, its configs in CONFIGS): each
     "fields": (heldout.fields, {}, "fields"),
 }
 HELD_OUT = ("spectra", "fields")  # the protocol's evidence (bench/PROTOCOL.md); the others were tuned on
-CONTESTANTS = ("evolution", "evolution-no-priors", "random", "tpe", "tpe-best", "optuna-random", "expert")
+CONTESTANTS = ("evolution", "evolution-no-priors", "evolution-rungs", "random", "tpe", "tpe-best", "optuna-random",
+               "expert")
+VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, and the settings they add
+    "evolution": ("evolution", []), "random": ("random", []),
+    "evolution-no-priors": ("evolution", ["evolution.priors=false"]),  # the algorithm's share without the priors'
+    "evolution-rungs": ("evolution", ["evolution.rungs=2"]),  # multi-fidelity: the best third trained 3x as long
+}
+PAIRED = (("evolution", "tpe-best"), ("evolution", "tpe"), ("evolution-rungs", "evolution"))  # tested, a minus b
 EXPERT_TIME_USED = 0.85  # of the time left that the expert's longer training is planned to take (a margin for noise)
 CONFIGS = Path(__file__).parent / "search_configs"
 
@@ -220,9 +229,9 @@ def table(rows: list[dict], datasets: list[str], contestants: list[str]) -> str:
             ahead = ", ".join(f"{c} {'yes' if means['evolution'] > m else 'no'}" for c, m in means.items()
                               if c != "evolution")
             verdicts.append(f"{d}: is evolution's mean test score ahead? {ahead}")
-    paired = [compare(rows, "evolution", peer, sets) for peer in ("tpe-best", "tpe") for sets in
+    paired = [compare(rows, a, b, sets) for a, b in PAIRED for sets in
               ([d for d in datasets if d in HELD_OUT], [d for d in datasets if d not in HELD_OUT])
-              if {"evolution", peer} <= set(contestants) and sets]
+              if {a, b} <= set(contestants) and sets]
     return "\n".join(lines + [""] + verdicts + [""] + paired)
 
 
@@ -265,10 +274,10 @@ def main(argv: list[str] | None = None) -> None:
                     t0 = time.time()
                     deadline = t0 + 60 * args.minutes
                     config = work / "defaults.toml" if args.default_space else config_path(name)
-                    if contestant in ("evolution", "evolution-no-priors", "random"):
-                        r = run_galapagos(contestant.removesuffix("-no-priors"), data, config, out, seed, args.minutes,
-                                          args.workers, deadline,
-                                          args.set + ["evolution.priors=false"] * contestant.endswith("no-priors"))
+                    if contestant in VARIANTS:
+                        strategy, settings = VARIANTS[contestant]
+                        r = run_galapagos(strategy, data, config, out, seed, args.minutes, args.workers, deadline,
+                                          args.set + settings)
                     elif contestant == "expert":
                         r = run_expert(data, config, expert_path(name), out, seed, args.workers, cores, deadline,
                                        args.set)

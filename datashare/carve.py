@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["carve_indices", "carve_val"]
+__all__ = ["carve_indices", "carve_val", "holdout_indices"]
+
+HOLDOUT_SEED = 7  # the validation rows held back from the search ([train] holdout) are drawn apart from the carving
 
 #: bytes of rows moved per step when compacting train in place
 COMPACT_BYTES = 16 << 20
@@ -45,3 +47,13 @@ def carve_val(x: np.ndarray, y: np.ndarray, *, val_fraction: float = 0.1, seed: 
         y[a:a + len(idx)] = y[idx]
     n_train = len(train_idx)
     return (x[:n_train], y[:n_train]), (x_val, y_val)
+
+
+def holdout_indices(n: int, share: float) -> tuple[np.ndarray, np.ndarray]:
+    """The validation split's rows (sorted) that trainings score on, and those held back for a run's final pick
+    (`[train] holdout`): a fixed-seed share of the `n` rows, at least one of each."""
+    if not 0.0 < share < 1.0 or n < 2:
+        raise ValueError(f"cannot hold back a share {share} of a validation split of {n} sample(s)")
+    order = np.random.default_rng(HOLDOUT_SEED).permutation(n)
+    held = min(n - 1, max(1, int(round(share * n))))
+    return np.sort(order[held:]), np.sort(order[:held])

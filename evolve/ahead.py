@@ -12,7 +12,8 @@ it (``[evolution] breeder_workers``), where results arrive in an order no seed d
 
 The helper is a fresh Python (``python -m galapagos.evolve.ahead``, not a fork of rank 0, whose MPI library may
 not survive one); it speaks over two pipes with multiprocessing's framed connections. Rank 0 -> helper: the
-engine once, then ``(tells, more)`` (results it has not heard, and candidates drawn elsewhere to adopt, in order;
+engine once, then ``(tells, more)`` (results it has not heard, and candidates drawn or promoted elsewhere to adopt,
+in order;
 how many more children to breed), None to stop.
 Helper -> rank 0: lists of candidates (with their parameter counts), and a string, why, should the search space
 hold no new child.
@@ -83,6 +84,10 @@ class Ahead:
             except (OSError, EOFError, pickle.UnpicklingError, TimeoutError) as exc:
                 self._fail(exc)
             else:
+                if candidate.origin not in ("seed", "prior") and \
+                        (promoted := self.engine.promotion(candidate.id)) is not None:
+                    candidate = promoted  # the child's id goes to the promotion, decided here on what rank 0 knows
+                    self.tells.append(candidate)  # and the helper's engine takes it in place of the child
                 self.engine.adopt(candidate)
                 return candidate
         return self.engine.ask()
@@ -191,7 +196,7 @@ def serve(engine: Engine, builder: str, inbox: queue.SimpleQueue, up: Connection
             credit += more
         if credit and not exhausted:
             try:
-                candidate = engine.ask()
+                candidate = engine.ask(promote=False)  # rank 0 promotes (multi-fidelity), on what it knows
             except SearchExhausted as exc:
                 up.send(batch)
                 up.send(str(exc))

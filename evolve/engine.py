@@ -26,127 +26,43 @@ import collections
 import logging
 import math
 import random
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Iterable
 
 from .check import check_genome, count_params
 from .errors import InvalidGenome, SearchExhausted
 from .genome import Genome
-from .operators import auto_population, auto_tournament, crossover, mutate, select
-from .pareto import OBJECTIVES, Values, crowded_tournament, nsga2_rank, nsga2_survivors, objective_values
+from .operators import crossover, mutate, select
+from .pareto import Values, crowded_tournament, nsga2_rank, nsga2_survivors, objective_values
 from .priors import prior_genomes
 from .problem import Problem
-from .settings import Check, Table, is_int
+from .rungs import Rungs
+from .searchconfig import AUTO, STRATEGIES, EvolutionConfig
+from .settings import is_int
 from .space import SearchSpace
 
 __all__ = ["AUTO", "Candidate", "Engine", "EvolutionConfig", "ORIGINS", "STRATEGIES"]
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("evolution", "random")
-ORIGINS = ("seed", "prior", "random", "mutation", "crossover")
+ORIGINS = ("seed", "prior", "random", "mutation", "crossover", "promoted")
 # Bounded retries before giving up on a fresh genome: breeding first, then random sampling.
 _BREED_TRIES = 50
 _RANDOM_TRIES = 200
-AUTO = -1  # population_size or tournament_size given as "auto": sized by EvolutionConfig.sized
-
-
-@dataclass(frozen=True)
-class EvolutionConfig(Table):
-    """The ``[evolution]`` table: search strategy and regularized-evolution settings.
-
-    ``mutations = [lo, hi]``: each child gets between lo and hi mutations (uniform); an integer n means exactly n.
-    ``objectives``: what the search optimises (evolve/pareto.py); more than one makes it NSGA-II.
-    ``inherit``: a bred child starts from its first parent's trained weights where the layers match
-    (evolve/inherit.py); the run keeps the weights of the population for it.
-    ``immigrants``: the share of asks after the initial population that are random genomes instead of children
-    (random immigrants, Grefenstette 1992). Children that inherit weights beat fresh networks trained as long, so
-    without them the population closes on its first good lineage; with them a run keeps sampling the whole space,
-    and a newcomer that beats the lineage joins the population.
-    ``priors``: the initial population begins with the networks a practitioner writes first (evolve/priors.py),
-    origin "prior"; random search never does.
-    ``breeder_workers``: a job with at least this many workers breeds its children ahead in a helper process on
-    rank 0's node (evolve/ahead.py), which takes breeding off rank 0's path per task but makes the run depend on
-    timing as well as on its seed; 0 never does.
-    ``population_size``, ``tournament_size``: "auto" (stored as -1) follows the W candidates trained at once:
-    population min(max(16, W), 4096), tournament its square root (evolve/operators.py's ``auto_population``);
-    an integer is used as given. ``cost_aware``: at a fitness within ``cost_tolerance`` of a tournament's fittest,
-    fewer parameters win (single objective; several weigh ``params`` as an objective instead).
-    """
-
-    section = "evolution"
-    choices = {"strategy": STRATEGIES, "objectives": tuple(OBJECTIVES)}
-
-    strategy: str = "evolution"
-    population_size: int = AUTO  # the most recent finished results that parents are chosen from (ageing out);
-    # "auto" (stored as -1): the results told in about one training time, W for W candidates trained at once (worker
-    # ranks times run.pack), at least 16, at most 4096; breeding starts once it holds a tournament's worth
-
-    tournament_size: int = AUTO  # genomes drawn from the population per parent; the fittest of them is the parent;
-    # "auto" (stored as -1): the square root of the population (16 -> 4, 1,000 -> 32, 4,096 -> 64), which keeps the
-    # generations selection takes to fill the population with its best (ln P / ln S) at the 2 of 16/4 at any size
-
-    crossover_prob: float = 0.3  # share of children bred from two parents (the rest: one parent, mutated)
-    mutations: tuple[int, int] = (1, 2)
-    seed: int = 0  # the search's random seed (random genomes, selection, crossover and mutation)
-    objectives: tuple[str, ...] = ("fitness",)
-    inherit: bool = True  # children start from a parent's trained weights where the layers match
-    immigrants: float = 0.25  # share of random genomes among the asks after the initial population
-    priors: bool = True  # the initial population begins with a practitioner's networks (evolve/priors.py)
-    breeder_workers: int = 256  # from this many workers on, a helper process breeds ahead (evolve/ahead.py) and a
-    # fresh run's first round is drawn by the workers themselves (evolve/drawn.py); 0: never
-
-    cost_aware: bool = False  # at nearly equal fitness a tournament prefers the network with fewer parameters;
-    # single objective only. Off until the search benchmark (bench/search.py) shows whether it pays: the default will
-    # be its measurement's
-
-    cost_tolerance: float = 0.001  # how near: fitness (accuracy, or mean R^2) within this of a tournament's fittest
-    # counts as equal; 0.001 is one sample in 1,000 of validation, so a smaller validation split only breaks exact ties
-
-    def normalise(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"mutations": (self.mutations, self.mutations)} if is_int(self.mutations) else {}
-        out.update({key: AUTO for key in ("population_size", "tournament_size") if getattr(self, key) == "auto"})
-        return out
-
-    def sized(self, workers: int) -> EvolutionConfig:
-        """With "auto" sizes resolved for ``workers`` candidates trained at once: what a run should record, so that
-        its resumption on another job size breeds as it did."""
-        if not is_int(workers) or workers < 1:
-            raise ValueError(f"sized: expected a positive number of workers, got {workers!r}")
-        population = self.population_size
-        if population == AUTO:
-            population = max(auto_population(workers), self.tournament_size)
-        tournament = auto_tournament(population) if self.tournament_size == AUTO else self.tournament_size
-        return replace(self, population_size=population, tournament_size=tournament)
-
-    def checks(self) -> list[Check]:
-        m = self.mutations
-        pop, tour = self.population_size, self.tournament_size
-        return [
-            ("population_size", pop >= 1 or pop == AUTO, 'a positive integer or "auto"'),
-            ("tournament_size", tour == AUTO or 1 <= tour <= (pop if pop != AUTO else math.inf),
-             'a positive integer or "auto"' + (f", at most population_size={pop}" if pop != AUTO else "")),
-            ("cost_tolerance", self.cost_tolerance >= 0 and math.isfinite(self.cost_tolerance), "a number >= 0"),
-            ("crossover_prob", 0.0 <= self.crossover_prob <= 1.0, "a probability in [0, 1]"),
-            ("immigrants", 0.0 <= self.immigrants < 1.0, "a share in [0, 1)"),
-            ("breeder_workers", is_int(self.breeder_workers) and self.breeder_workers >= 0, "an integer >= 0"),
-            ("mutations", len(m) == 2 and all(is_int(v) for v in m) and 1 <= m[0] <= m[1],
-             "an integer >= 1 or [low, high] with 1 <= low <= high"),
-            ("objectives", "fitness" in self.objectives and len(set(self.objectives)) == len(self.objectives),
-             f"a list of distinct names from {', '.join(OBJECTIVES)} that includes fitness"),
-        ]
 
 
 @dataclass(frozen=True)
 class Candidate:
-    """A genome handed out for evaluation, with where it came from (parent ids; random/mutation/crossover) and,
-    when whoever bred it counted them (evolve/ahead.py), its parameters."""
+    """A genome handed out for evaluation, with where it came from (parent ids; random/mutation/crossover, or
+    promoted: its parent's network trained on to `rung`) and, when whoever bred it counted them (evolve/ahead.py), its
+    parameters."""
 
     id: int
     genome: Genome
     parents: tuple[int, ...] = ()
     origin: str = "random"
     params: int | None = None
+    rung: int = 0  # multi-fidelity: the rung it trains to (evolve/rungs.py)
 
 
 def _clean_fitness(fitness: float | None) -> float | None:
@@ -181,6 +97,9 @@ class Engine:
             maxlen=self.config.population_size
         )
         self._best: tuple[int, Genome, float] | None = None
+        self._best_rung = 0
+        self._rungs = Rungs(self.config.reduction_factor, self.config.rungs) if self.config.rungs > 1 else None
+        self._released: list[int] = []  # ids whose checkpoints no promotion needs any more, not yet taken
         self._elite: list[tuple[Candidate, Values]] = []  # several objectives: NSGA-II's survivors
         self._ranked: list[tuple[Candidate, int, float]] | None = None  # the elite's fronts and crowding, cached
         self._seeds: collections.deque[Genome] = collections.deque()  # asked first (warm start)
@@ -190,8 +109,26 @@ class Engine:
     # --- state ---
     @property
     def best(self) -> tuple[int, Genome, float] | None:
-        """(id, genome, fitness) of the best result told so far (first one on ties), None before any success."""
+        """(id, genome, fitness) of the best result told so far (first one on ties; with rungs, of the highest rung
+        reached), None before any success."""
         return self._best
+
+    def resumable(self) -> set[int]:
+        """Multi-fidelity: the ids whose checkpoints a promotion may still need, or one asked and not told (whose
+        task a job's end cancelled: a resumed run promotes its parent again)."""
+        if self._rungs is None:
+            return set()
+        return self._rungs.held() | {c.parents[0] for c in self._pending.values() if c.origin == "promoted"}
+
+    def released(self) -> list[int]:
+        """Multi-fidelity: the ids whose checkpoints no promotion needs any more, since the last call."""
+        out, self._released = self._released, []
+        return out
+
+    def forget(self, ids: Iterable[int]) -> None:
+        """Multi-fidelity: these ids' checkpoints are gone (a resumed run found no file): they are not promoted."""
+        if self._rungs is not None:
+            self._rungs.forget(ids)
 
     @property
     def num_told(self) -> int:
@@ -241,11 +178,16 @@ class Engine:
         return queued
 
     # --- ask / tell ---
-    def ask(self) -> Candidate:
-        """The next candidate to evaluate: the seed genomes first, then random until ``population_size`` ids have
-        been handed out (asked or reserved) and the population holds a tournament's worth of results, then bred (a
-        share ``immigrants`` of them random): a job of W workers breeds a few dozen results in, not a population."""
+    def ask(self, promote: bool = True) -> Candidate:
+        """The next candidate to evaluate: with rungs a promotion where there is one (:meth:`promotion`; not with
+        `promote` false), else the seed genomes first, then random until ``population_size`` ids have been handed
+        out (asked or reserved) and the population holds a tournament's worth of results, then bred (a share
+        ``immigrants`` of them random): a job of W workers breeds a few dozen results in, not a population."""
         cid = self._next_id
+        if promote and (candidate := self.promotion(cid)) is not None:
+            self._next_id += 1
+            self._pend(candidate)
+            return candidate
         rng = random.Random(f"galapagos:{self.config.seed}:{cid}")
         random_phase = (
             self.config.strategy == "random"
@@ -266,8 +208,21 @@ class Engine:
         self._pend(candidate)
         return candidate
 
+    def promotion(self, cid: int) -> Candidate | None:
+        """With rungs: the best result that goes on to the next rung now (evolve/rungs.py), as candidate `cid`, which
+        the caller asks (:meth:`ask`) or adopts; None if none does."""
+        found = self._rungs.promote() if self._rungs is not None else None
+        if found is None:
+            return None
+        rung, previous = found
+        return Candidate(cid, previous.genome, (previous.id,), "promoted", previous.params, rung + 1)
+
     def adopt(self, candidate: Candidate) -> None:
-        """Take a candidate bred elsewhere from a copy of this engine (evolve/ahead.py) as if asked here."""
+        """Take a candidate bred elsewhere from a copy of this engine (evolve/ahead.py) as if asked here, in place of
+        any pending one of its id (a child bred ahead whose id went to a promotion)."""
+        self._unpend(candidate.id)
+        if candidate.origin == "promoted" and self._rungs is not None:
+            self._rungs.promoted(candidate.rung - 1, candidate.parents[0])
         if candidate.origin == "seed" and self._seeds:
             self._seeds.popleft()
         if candidate.origin == "prior":
@@ -302,7 +257,8 @@ class Engine:
 
         Records are read by attribute (the application's journal records are such objects): ``id``, ``genome``
         (its JSON or a Genome), ``parents`` (ids, or None), ``origin`` (None: told by the number of parents),
-        ``fitness`` and ``status``; with several objectives also ``params`` and ``metrics`` (:class:`.pareto.Scored`).
+        ``fitness`` and ``status``; with several objectives also ``params`` and ``metrics`` (:class:`.pareto.Scored`);
+        with rungs ``rung`` (None: the first).
         """
         applied = 0
         for i, rec in enumerate(records):
@@ -321,7 +277,10 @@ class Engine:
                 raise InvalidGenome(f"replay: record {i} (id {cid}): {e}") from None
             parents = tuple(int(p) for p in (rec.parents or ()))
             origin = rec.origin or ("random" if not parents else "mutation" if len(parents) == 1 else "crossover")
-            candidate = self._unpend(cid) or Candidate(cid, genome, parents, origin)
+            rung = getattr(rec, "rung", None) or 0
+            candidate = self._unpend(cid) or Candidate(cid, genome, parents, origin, rung=rung)
+            if origin == "promoted" and self._rungs is not None and parents:
+                self._rungs.promoted(candidate.rung - 1, parents[0])
             self._seen.add(genome.key)
             self._next_id = max(self._next_id, cid + 1)
             values = objective_values(rec, self.config.objectives) if self.multi_objective else None
@@ -356,12 +315,15 @@ class Engine:
                     self._costs.pop(self._population[0][0].id, None)  # ageing out
                 self._costs[candidate.id] = count_params(candidate.genome, self.problem)
             self._population.append((candidate, value))
+            if self._rungs is not None:
+                self._rungs.add(candidate.rung, candidate.id, value, candidate)
+                self._released += self._rungs.take_released()
         if self.multi_objective and finished and values is not None:
             pairs = [((c, v), v) for c, v in self._elite + [(candidate, tuple(values))]]
             self._elite = nsga2_survivors(pairs, self.config.population_size, self.config.objectives)
             self._ranked = None
-        if value is not None and (self._best is None or value > self._best[2]):
-            self._best = (candidate.id, candidate.genome, value)
+        if value is not None and (self._best is None or (candidate.rung, value) > (self._best_rung, self._best[2])):
+            self._best, self._best_rung = (candidate.id, candidate.genome, value), candidate.rung
         log.debug("told %d (%s): fitness %s", candidate.id, status, value)
 
     def _prior(self) -> Genome | None:
@@ -397,7 +359,9 @@ class Engine:
         """``k`` parents: tournament winners by fitness, or with several objectives crowded-tournament winners."""
         if not self.multi_objective:
             cost = (lambda c: self._costs.get(c.id)) if self.config.cost_aware else None
-            return select(self._population, k, self.config.tournament_size, rng, cost, self.config.cost_tolerance)
+            level = (lambda c: c.rung) if self._rungs is not None else None
+            return select(self._population, k, self.config.tournament_size, rng, cost, self.config.cost_tolerance,
+                          level)
         if self._ranked is None:
             self._ranked = nsga2_rank(self._elite, self.config.objectives)
         return crowded_tournament(self._ranked, k, self.config.tournament_size, rng)

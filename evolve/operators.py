@@ -71,7 +71,7 @@ def auto_tournament(population: int) -> int:
 
 def select(
     population: Sequence[tuple[T, float | None]], k: int, tournament_size: int, rng: random.Random,
-    cost: Callable[[T], float | None] | None = None, tolerance: float = 0.0,
+    cost: Callable[[T], float | None] | None = None, tolerance: float = 0.0, level: Callable[[T], int] | None = None,
 ) -> list[T]:
     """``k`` tournament winners (with replacement) from ``(item, fitness)`` pairs: DEAP's ``selTournament`` on
     ``rng``, draw for draw (``tournament_size`` uniform picks, the first of the fittest wins), without wrapping
@@ -86,12 +86,18 @@ def select(
     tournament is cost-aware: of the drawn entries whose fitness is within ``tolerance`` of the fittest drawn, the
     cheapest wins (then the fitter, then the first drawn), so that a search does not drift to big networks that
     score no better; one fitter by more than ``tolerance`` still wins. The draws are the same either way.
+
+    With ``level`` (item -> an integer: a multi-fidelity rung) only the drawn entries of the highest level compete:
+    a network trained longer is compared with its peers, not with networks trained less.
     """
     if not population:
         raise ValueError("select: empty population")
     winners = []
     for _ in range(k):
         drawn = [rng.choice(population) for _ in range(tournament_size)]
+        if level is not None:
+            high = max(level(d[0]) for d in drawn)
+            drawn = [d for d in drawn if level(d[0]) == high]
         if cost is None:
             winners.append(max(drawn, key=_fitness)[0])
             continue

@@ -32,6 +32,10 @@ class TrainConfig(Table):
     max_train_samples: int = 0  # per epoch; 0 = the whole training split
     eval_batch_size: int = 1024  # samples per forward pass when scoring on val
     grad_clip: float = 5.0  # the gradient norm is clipped to this (0 = no clipping)
+    holdout: float = 0.0  # the share of the validation split that trainings never see: an evolution run's final pick
+    # re-scores its best networks there (galapagos/flows/final_pick.py); 0: none held back
+    warmup: float = 0.15  # the share of the one-cycle schedule's steps whose learning rate rises to the genome's;
+    # multi-fidelity ([evolution] rungs) makes the schedule span the last rung and this share of the first
     mixed_precision: bool = True  # on GPUs only
     builder: str = ""  # "module:function" making each network from its genome; "" = Galapagos's own (GenomeNet)
     inherited_epochs: int = 0  # epochs of a child that inherited at least half its parameters; 0 = epochs
@@ -48,6 +52,8 @@ class TrainConfig(Table):
                 ("eval_batch_size", self.eval_batch_size >= 1, "at least 1"),
                 ("inherited_epochs", 0 <= self.inherited_epochs <= self.epochs, f"0 to epochs ({self.epochs})"),
                 ("grad_clip", self.grad_clip >= 0, "at least 0"),
+                ("warmup", 0 < self.warmup < 1, "a share between 0 and 1"),
+                ("holdout", 0 <= self.holdout < 1, "a share from 0 (none) up to 1"),
                 ("builder", not self.builder or ":" in self.builder, "module:function, or \"\""),
                 self._compile_check()]
 

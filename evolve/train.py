@@ -16,6 +16,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from galapagos.datashare.carve import holdout_indices
 from galapagos.datashare.plan import split_arrays
 from galapagos.evolve.batches import batch_data, child_device, epoch_batches, resident_fits, stats_sample
 from galapagos.evolve.build import build_model, set_normalization
@@ -94,7 +95,7 @@ def _schedule(genome: Genome, config: TrainConfig, opt: torch.optim.Optimizer, r
     if resumed is not None:
         epochs = resumed["epochs"]
     steps = max(1, n // genome.batch_size) * epochs
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=genome.lr, total_steps=steps, pct_start=0.15)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=genome.lr, total_steps=steps, pct_start=config.warmup)
     return n, epochs, steps, sched
 
 
@@ -288,9 +289,11 @@ class Rows:
         return self.data[self.index[rows]]
 
 
-def device_data(ctx: Any, splits: tuple[str, ...] = ("train", "val"), access: DataAccess = DataAccess()) -> dict:
+def device_data(ctx: Any, splits: tuple[str, ...] = ("train", "val"), access: DataAccess = DataAccess(),
+                holdout: float = 0.0) -> dict:
     """The shared arrays as tensors on this child's device, made once and kept for every later task. A training
-    split streamed from its file, or too big for the device, comes through evolve/batches.py instead."""
+    split streamed from its file, or too big for the device, comes through evolve/batches.py instead. `holdout`:
+    the share of the validation rows left out (`[train] holdout`)."""
     if "tensors" not in ctx.cache and (access.stream is not None or not resident_fits(ctx, splits, access)):
         ctx.cache["tensors"] = batch_data(ctx, splits, access)
     if "tensors" not in ctx.cache:
@@ -310,7 +313,17 @@ def device_data(ctx: Any, splits: tuple[str, ...] = ("train", "val"), access: Da
                 index = torch.from_numpy(a.index).to(device)
                 tensors[split] = (Rows(to_device(a.x), index), to_device(a.y).index_select(0, index))
         ctx.cache["tensors"] = tensors
+    if holdout and "val" in splits and not ctx.cache.get("held_back"):
+        ctx.cache["tensors"]["val"] = _search_rows(*ctx.cache["tensors"]["val"], holdout)
+        ctx.cache["held_back"] = True
     return ctx.cache["tensors"]
+
+
+def _search_rows(x: Any, y: torch.Tensor, holdout: float) -> tuple[Any, torch.Tensor]:
+    """The validation rows trainings score on, without those held back for the final pick."""
+    keep = torch.from_numpy(holdout_indices(len(y), holdout)[0]).to(y.device)
+    x = Rows(x.data, x.index.index_select(0, keep)) if isinstance(x, Rows) else x.index_select(0, keep)
+    return x, y.index_select(0, keep)
 
 
 def _parent(path: str | None) -> dict | None:
@@ -328,7 +341,7 @@ def _parent(path: str | None) -> dict | None:
 def train_task(task: TrainTask, ctx: Any) -> dict:
     """The default task function: train, save the best epoch's weights, return {"fitness", "metrics"}. A task with
     `until`, `resume` or `checkpoint` trains a part of its candidate's epochs (train_candidate)."""
-    data = device_data(ctx, access=task.data or DataAccess())
+    data = device_data(ctx, access=task.data or DataAccess(), holdout=task.train.holdout)
     problem = task.problem
     key = ("stats", problem.task)
     ckey = (("counts", problem.num_outputs, problem.ignore_index)  # segmentation's weighted_ce: pixels per class

@@ -178,7 +178,12 @@ class Config:
         for key in d:
             if key not in SECTIONS:
                 raise ConfigError(f"{key}: unknown section (known: {', '.join(SECTIONS)})")
-        return cls(**{name: kind.from_dict(d.get(name, {})) for name, kind in SECTIONS.items()})
+        config = cls(**{name: kind.from_dict(d.get(name, {})) for name, kind in SECTIONS.items()})
+        if config.evolution.rungs > 1 and config.train.inherited_epochs:
+            raise ConfigError(f"evolution.rungs = {config.evolution.rungs} with train.inherited_epochs = "
+                              f"{config.train.inherited_epochs}: a network trained in rungs follows one schedule; "
+                              "set train.inherited_epochs = 0")
+        return config
 
     def to_dict(self) -> dict:
         return {name: getattr(self, name).to_dict() for name in SECTIONS}

@@ -136,19 +136,31 @@ def evolve(session: MasterSession, opts: EvolveOptions) -> dict:
     state = session.serve(source, deadline=deadline, lost_grace=config.run.lost_grace,
                           prefetch=prefetch(config.run.prefetch, session.workers))
     master_cpu = (time.process_time() - cpu) / max(time.time() - serve_start, 1e-9)
-    return conclude(run, config, source, state, wall=time.time() - start, master_cpu=master_cpu, deadline=deadline)
+    return conclude(run, config, source, state, wall=time.time() - start, master_cpu=master_cpu, deadline=deadline,
+                    data=opts.data)
 
 
 def conclude(run: RunDir, config: Config, source: EvolutionSource, state: MasterState, *, wall: float,
-             master_cpu: float, deadline: float | None) -> dict:
-    """The end of a job of the run: its search time on the clock, summary.json, and the result (NoResult when
-    nothing succeeded and no stop signal cut the run short)."""
+             master_cpu: float, deadline: float | None, data: str) -> dict:
+    """The end of a job of the run: its search time on the clock, the final pick (best/, flows/final_pick.py),
+    summary.json, and the result (NoResult when nothing succeeded and no stop signal cut the run short)."""
     run.prune_models(source.kept())  # what cancelled tasks wrote before their trainers were stopped
+    if config.evolution.rungs > 1:  # and their checkpoints; those a resumed run may still promote stay
+        run.prune_checkpoints(source.engine.resumable())
     searched = source.search_seconds()
     run.record_seconds(searched)
+    pick = None
+    if config.train.holdout:  # rank 0 imports torch only here, to score a few networks
+        from galapagos.flows.final_pick import final_pick
+
+        pick = final_pick(run, config, source.problem, data, run.read_journal())
+    if pick is not None:
+        run.save_network(run.best, pick[0], {**source.network_extra(pick[0]), "final_pick": pick[1]})
     summary = summarize(run.iter_journal(), population_size=config.evolution.population_size,
                         workers=state.workers, slots=state.workers + sum(state.slots.spare.values()),
-                        wall_seconds=wall, busy_seconds=state.busy_seconds)
+                        wall_seconds=wall, busy_seconds=state.busy_seconds, picked=pick and pick[0].id)
+    if pick is not None:
+        summary["final_pick"] = pick[1]
     # The master's own CPU use while it served: it should leave the cores to training.
     summary["master_cpu_share"] = round(master_cpu, 4)
     summary["search_seconds"] = round(searched, 2)

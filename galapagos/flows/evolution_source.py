@@ -9,6 +9,7 @@ import os
 import shutil
 import time
 from collections import defaultdict, deque
+from dataclasses import replace
 from typing import Any, Iterable
 
 from galapagos.config import Config
@@ -21,6 +22,7 @@ from galapagos.evolve.genome import Genome
 from galapagos.evolve.netdir import NetworkDir
 from galapagos.evolve.pareto import OBJECTIVES, Front, objective_values
 from galapagos.evolve.problem import Problem
+from galapagos.evolve.rungs import rung_ends
 from galapagos.evolve.task import TrainTask
 from galapagos.flows.sources import JournalSource
 from galapagos.launch.protocol import Result, Status, Task
@@ -57,7 +59,14 @@ class EvolutionSource(JournalSource):
         # ahead of any fresh network, which would be pruned against it.
         self.by_epoch: dict[tuple[bool, int], Median] = defaultdict(Median)
         self.best: JournalRecord | None = None
-        self.top: list[tuple[float, int]] = []  # (fitness, id) of the best evaluations: their weights are kept
+        self.top: list[tuple[int, float, int]] = []  # (-rung, -fitness, id) of the best evaluations: their weights
+        # are kept
+        ev = config.evolution
+        # multi-fidelity (evolve/rungs.py): each rung's last epoch, the schedule of all of them; their checkpoints
+        self.ends = rung_ends(config.train.epochs, ev.reduction_factor, ev.rungs)
+        self.train = replace(config.train, epochs=self.ends[-1], warmup=config.train.warmup * self.ends[0] /
+                             self.ends[-1]) if ev.rungs > 1 else config.train
+        self.released: list[int] = []  # checkpoints no promotion needs, dropped at the next sweep
         self.held: set[int] = set()  # evaluations whose weights are in models/
         self.swept = 0.0  # when the weights no longer kept were last dropped (sweep)
         objectives = config.evolution.objectives
@@ -71,6 +80,11 @@ class EvolutionSource(JournalSource):
         kept = self.kept()
         self.held = {i for i in self.held & kept if os.path.exists(self.run.model_path(i))}
         self.run.prune_models(kept)  # weights of tasks that were running when a run was killed
+        if ev.rungs > 1:
+            os.makedirs(self.run.checkpoints, exist_ok=True)
+            engine.forget(i for i in engine.resumable() if not os.path.exists(self.run.checkpoint_path(i)))
+            engine.released()
+            self.run.prune_checkpoints(engine.resumable())
         self.exhausted: str | None = None  # why the space has no new genome left
         self.clocked = 0.0  # when clock.json was last written
 
@@ -86,7 +100,7 @@ class EvolutionSource(JournalSource):
             return None
         if self.drawn:
             cid = self.drawn.popleft()
-            self.inflight[cid] = {"parents": [], "origin": "random", "genome": None}
+            self.inflight[cid] = {"parents": [], "origin": "random", "genome": None, **self._rung(0)}
             return self._task(cid)
         try:
             cand = self.engine.ask()
@@ -97,11 +111,17 @@ class EvolutionSource(JournalSource):
         params = cand.params if cand.params is not None else count_params(cand.genome, self.problem,
                                                                            self.config.train.builder)
         self.inflight[cand.id] = {"parents": list(cand.parents), "origin": cand.origin,
-                                  "genome": cand.genome, "key": cand.genome.key, "params": params}
-        parent = next((p for p in cand.parents if p in self.held), None) if self.config.evolution.inherit else None
+                                  "genome": cand.genome, "key": cand.genome.key, "params": params,
+                                  **self._rung(cand.rung)}
+        parent = next((p for p in cand.parents if p in self.held), None) \
+            if self.config.evolution.inherit and cand.origin != "promoted" else None
         if parent is not None:
             self.inflight[cand.id]["inherits"] = parent
         return self._task(cand.id)
+
+    def _rung(self, rung: int) -> dict:
+        """What a record holds of its rung: nothing without rungs."""
+        return {"rung": rung} if len(self.ends) > 1 else {}
 
     def _task(self, cid: int) -> Task:
         what = self.inflight[cid]
@@ -112,10 +132,21 @@ class EvolutionSource(JournalSource):
         self.running(cid)
         genome = what["genome"]
         drawn = None if genome is not None else self._draw(cid)
-        payload = TrainTask(genome, self.problem, self.config.train, seed=self.config.run.seed * 1_000_003
+        payload = TrainTask(genome, self.problem, self.train, seed=self.config.run.seed * 1_000_003
                             + cid, save=self.run.model_path(cid), data=self.access,
-                            inherit=None if parent is None else self.run.model_path(parent), drawn=drawn)
+                            inherit=None if parent is None else self.run.model_path(parent), drawn=drawn,
+                            **self._parts(cid, what))
         return Task(cid, payload, self.config.run.task_timeout)
+
+    def _parts(self, cid: int, what: dict) -> dict:
+        """Multi-fidelity: a task trains to its rung's end, from its parent's checkpoint if it was promoted, and
+        leaves its own for a promotion unless it reached the last rung."""
+        if "rung" not in what:
+            return {}
+        rung = what["rung"]
+        return {"until": self.ends[rung],
+                "resume": self.run.checkpoint_path(what["parents"][0]) if what["origin"] == "promoted" else None,
+                "checkpoint": self.run.checkpoint_path(cid) if rung < len(self.ends) - 1 else None}
 
     def finished(self) -> bool:
         return not self.again and (bool(self.exhausted) or (self.budget is not None and self.done >= self.budget))
@@ -138,10 +169,14 @@ class EvolutionSource(JournalSource):
         if record is None:  # cancelled (no weights: the run's end prunes models/): a resumed run breeds afresh
             return
         self.engine.tell(r.id, r.fitness, r.status, objective_values(record, self.config.evolution.objectives))
+        if record.rung is not None:
+            self.released += self.engine.released()
+            if record.origin == "promoted":  # the checkpoint it went on from is used up
+                self.released.append(record.parents[0])
         if self.tracker is not None:
             self.tracker.log(record)
         if self._learn(record):
-            self.run.save_network(self.run.best, record, self._network_extra(record))
+            self.run.save_network(self.run.best, record, self.network_extra(record))
         if r.status not in (Status.OK, Status.PRUNED):
             self.warn(f"eval {r.id}", r)
 
@@ -160,7 +195,7 @@ class EvolutionSource(JournalSource):
         what.update(genome=genome, key=genome.key, params=params)
         self.engine.adopt(Candidate(r.id, genome, (), "random", params))
 
-    def _network_extra(self, record: JournalRecord) -> dict:
+    def network_extra(self, record: JournalRecord) -> dict:
         """What a saved network's metrics.json holds besides the record's own values."""
         builder = {"builder": self.config.train.builder} if self.config.train.builder else {}
         return {"problem": self.problem.to_dict(), **builder,
@@ -175,16 +210,17 @@ class EvolutionSource(JournalSource):
             return False
         if self.front is not None:
             self._place(record, live)
-        curve = record.curve
+        curve, rung = record.curve, record.rung or 0
         inherited = record.inherits is not None
-        for epoch in range(1, len(curve) + 1):
-            self.by_epoch[inherited, epoch].add(max(curve[:epoch]))
-        bisect.insort(self.top, (-record.fitness, record.id))
+        if not rung:  # a promotion's curve starts where its rung does: not pruned, not compared
+            for epoch in range(1, len(curve) + 1):
+                self.by_epoch[inherited, epoch].add(max(curve[:epoch]))
+        bisect.insort(self.top, (-rung, -record.fitness, record.id))
         del self.top[self.config.run.keep_models:]
         self.held.add(record.id)
         if live and time.monotonic() - self.swept >= SWEEP_EVERY:
             self.sweep()
-        if self.best is None or record.fitness > self.best.fitness:
+        if self.best is None or record.standing > self.best.standing:
             self.best = record
             return True
         return False
@@ -198,13 +234,16 @@ class EvolutionSource(JournalSource):
         for dropped in self.held - kept:
             self.run.drop_model(dropped)
         self.held &= kept
+        for dropped in self.released:
+            self.run.drop_checkpoint(dropped)
+        self.released = []
 
     def kept(self) -> set[int]:
         """Whose weights stay in models/: the best `run.keep_models` evaluations and, for children to inherit
         from, the engine's population and the parents of every child asked and not yet told: a parent that ages
         out of the population while its child waits for a worker or trains keeps the weights the child loads. With
         nothing in flight (the end of a job, whose cancelled children the engine was never told of) none is needed."""
-        kept = {i for _, i in self.top}
+        kept = {t[-1] for t in self.top}
         if self.config.evolution.inherit:
             kept.update(c.id for c, _ in (self.engine.elite if self.engine.multi_objective else
                                           self.engine.population))
@@ -235,7 +274,7 @@ class EvolutionSource(JournalSource):
         for k in removed:
             del self.front_rows[k]
         if live:
-            self.run.save_network(net, record, self._network_extra(record))
+            self.run.save_network(net, record, self.network_extra(record))
             for k in removed:
                 shutil.rmtree(self.run.front_dir(k), ignore_errors=True)
             self._save_pareto()
@@ -249,7 +288,7 @@ class EvolutionSource(JournalSource):
         by_id = {r.id: r for r in records if r.id in self.front_rows}
         for i in self.front_rows:
             if not NetworkDir(self.run.front_dir(i)).complete() and os.path.exists(self.run.model_path(i)):
-                self.run.save_network(self.run.front_dir(i), by_id[i], self._network_extra(by_id[i]))
+                self.run.save_network(self.run.front_dir(i), by_id[i], self.network_extra(by_id[i]))
         self._save_pareto()
 
     def _save_pareto(self) -> None:
@@ -260,8 +299,10 @@ class EvolutionSource(JournalSource):
     def judge(self, task_id: int) -> Status | None:
         """Median stopping: a candidate whose best so far is below the median of finished ones at this epoch (those
         that inherited weights, or those that did not, as it did)."""
-        curve, run = self.curves[task_id], self.config.run
-        peers = self.by_epoch.get(("inherits" in self.inflight[task_id], len(curve)), ())
+        curve, run, what = self.curves[task_id], self.config.run, self.inflight[task_id]
+        if what.get("rung"):  # a promotion: among the best of its rung already
+            return None
+        peers = self.by_epoch.get(("inherits" in what, len(curve)), ())
         if (run.prune and run.prune_after <= len(curve) < self.config.train.epochs
                 and len(peers) >= run.prune_min_results and max(curve) < peers.median()):
             return Status.PRUNED

@@ -25,7 +25,7 @@ class JournalRecord(NamedTuple):
     Genome itself, written as its canonical JSON (Genome.from_json and NetworkDir.write take either).
 
     Immutable and typed, a NamedTuple rather than a frozen dataclass: rank 0 makes one per finished task, and a
-    frozen dataclass of these 18 fields took 2.4 us to make against 0.9 us (bench/master_cost.py's path)."""
+    frozen dataclass of its (then) 18 fields took 2.4 us to make against 0.9 us (bench/master_cost.py's path)."""
 
     id: int
     genome: Any
@@ -46,6 +46,7 @@ class JournalRecord(NamedTuple):
     inherits: int | None = None  # the parent whose weights an evaluation started from
     name: str | None = None  # an ensemble member's directory name
     seed: int | None = None  # an ensemble member's training seed
+    rung: int | None = None  # a multi-fidelity evaluation's rung (evolve/rungs.py), from the first on
 
     @classmethod
     def from_dict(cls, d: Mapping) -> JournalRecord:
@@ -55,6 +56,12 @@ class JournalRecord(NamedTuple):
             raise TypeError(f"expected a JSON object, got {type(d).__name__}")
         return cls(**{k: d[k] for k in cls._fields if k in d})
 
+    @property
+    def standing(self) -> tuple[int, float]:
+        """What ranks finished evaluations: the rung, then the fitness (a multi-fidelity run's best network is the
+        best of the highest rung reached, evolve/rungs.py); the fitness alone without rungs."""
+        return self.rung or 0, self.fitness
+
     def replace(self, **changes: Any) -> JournalRecord:
         """The same record with `changes`."""
         return self._replace(**changes)
@@ -62,7 +69,8 @@ class JournalRecord(NamedTuple):
     def to_dict(self) -> dict:
         """The line's keys and values: every field but those of the other kind of task."""
         d = {"id": self.id, "genome": self.genome, "status": self.status, "fitness": self.fitness,
-             "metrics": self.metrics if type(self.metrics) is dict else dict(self.metrics), "curve": self.curve, "key": self.key, "params": self.params,
+             "metrics": self.metrics if type(self.metrics) is dict else dict(self.metrics), "curve": self.curve,
+             "key": self.key, "params": self.params,
              "origin": self.origin, "rank": self.rank, "host": self.host, "start": self.start, "end": self.end,
              "error": self.error}
         for k in _OPTIONAL:
@@ -80,7 +88,7 @@ class JournalRecord(NamedTuple):
         return "{" + _encode(d)[1:-1] + ', "genome": ' + self.genome.canonical() + "}"
 
 
-_OPTIONAL = ("parents", "inherits", "name", "seed")
+_OPTIONAL = ("parents", "inherits", "name", "seed", "rung")
 
 
 def journal_record(result: Result, curve: list[float], what: Mapping) -> JournalRecord:

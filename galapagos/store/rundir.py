@@ -195,6 +195,8 @@ class RunDir(JournalDir):
         self.pareto = self.path / "pareto.json"
         self.models = self.path / "models"
         self._models = str(self.models)
+        self.checkpoints = self.path / "checkpoints"  # multi-fidelity: training states a promotion goes on from
+        self._checkpoints = str(self.checkpoints)
         self.data = self.path / "data.json"
         self.clock = self.path / "clock.json"
         self.lock_file = self.path / ".lock"
@@ -327,6 +329,15 @@ class RunDir(JournalDir):
         """Delete an evaluation's weights, if any, off the caller's path (store/reaper.py); close() waits for it."""
         self._reaper.delete(self.model_path(eval_id))
 
+    def checkpoint_path(self, eval_id: int) -> str:
+        """Where an evaluation's whole training state goes at the end of its rung (multi-fidelity, evolve/rungs.py),
+        for its promotion to go on from."""
+        return f"{self._checkpoints}/{eval_id}.pt"
+
+    def drop_checkpoint(self, eval_id: int) -> None:
+        """Delete an evaluation's checkpoint, if any, off the caller's path; close() waits for it."""
+        self._reaper.delete(self.checkpoint_path(eval_id))
+
     def front_dir(self, eval_id: int) -> Path:
         """The network directory of a member of the Pareto front (front/ID)."""
         return self.front / str(eval_id)
@@ -377,9 +388,16 @@ class RunDir(JournalDir):
 
     def prune_models(self, keep: Iterable[int]) -> None:
         """Delete every weights file but those of `keep`, and any a killed trainer left half-written."""
+        self._prune(self.models, keep)
+
+    def prune_checkpoints(self, keep: Iterable[int]) -> None:
+        """Delete every checkpoint but those of `keep`, and any a killed trainer left half-written."""
+        self._prune(self.checkpoints, keep)
+
+    def _prune(self, folder: Path, keep: Iterable[int]) -> None:
         keep = {f"{i}.pt" for i in keep}
         self._reaper.wait()
-        for f in [*self.models.glob("*.pt"), *self.models.glob(".*.pt.tmp*")]:
+        for f in [*folder.glob("*.pt"), *folder.glob(".*.pt.tmp*")]:
             if f.name not in keep:
                 f.unlink(missing_ok=True)
 
