@@ -178,6 +178,7 @@ class SimComm:
     """Rank 0's view of N simulated worker ranks: what it sends them schedules what they answer, and when."""
 
     rank = 0
+    unpickler = _WorkerUnpickler  # how a worker reads what rank 0 sends it
 
     def __init__(self, workers: int, clock: Clock, median: float, sigma: float, seed: int, per_node: int = 4,
                  beat: float = Liveness.interval) -> None:
@@ -280,7 +281,7 @@ class SimComm:
         data = pickle.dumps(obj, pickle.HIGHEST_PROTOCOL)  # the master's share of an MPI send
         with self.clock.aside():
             self._sample()
-            self._receive(_WorkerUnpickler(io.BytesIO(data)).load(), dest)
+            self._receive(self.unpickler(io.BytesIO(data)).load(), dest)
 
     def _receive(self, obj, dest: int) -> None:
         now = self.clock.time()
@@ -310,6 +311,12 @@ class SimComm:
                 self._push(beat, Alive(rank))
                 beat += self.beat
             last = when
+
+    def prime(self, source, config) -> None:
+        """The peers the median rule has once the run is under way (see MIX)."""
+        for inherited in (False, True):
+            for epoch in range(1, EPOCHS + 1):
+                source.by_epoch[inherited, epoch] = Median([curve_value(epoch)] * config.run.prune_min_results)
 
     def _fate(self) -> Fate:
         return MIX[min(bisect.bisect(self._cdf, self.rng.random()), len(MIX) - 1)]
@@ -353,18 +360,22 @@ class SimComm:
 
 
 def one(workers: int, minutes: float, median: float, sigma: float, breeder_workers: int | None = None, *,
-        per_node: int = 4, kill_at: float | None = None, reported: bool = False, keep: str | None = None) -> dict:
+        per_node: int = 4, kill_at: float | None = None, reported: bool = False, keep: str | None = None,
+        comm_class: type = SimComm, settings: tuple[str, ...] = (), problem: Problem | None = None, seed: int = 0,
+        report=None) -> dict:
     """One scale, in this process: the master served for `minutes` of virtual time. `kill_at`: minutes after the
     start at which one node (the middle one) dies, `reported` by MPI (ULFM) or found by its silence. `keep`: a
-    folder where the run directory (`keep`/run) stays, instead of a temporary one."""
-    problem = Problem((3, 32, 32), "classification", 10)
+    folder where the run directory (`keep`/run) stays, instead of a temporary one. `comm_class`, `settings` (config
+    values), `problem`, `seed` and `report` (comm, source, start, end -> more of the result, called before the run
+    directory goes) serve other simulations (bench/search_scale.py)."""
+    problem = problem or Problem((3, 32, 32), "classification", 10)
     config = load_config(None, [f"run.task_timeout={TASK_TIMEOUT}", f"run.prune_after={PRUNE_AFTER}",
-                                f"train.epochs={EPOCHS}"]
+                                f"train.epochs={EPOCHS}", *settings]
                          + ([] if breeder_workers is None else [f"evolution.breeder_workers={breeder_workers}"]))
     config = dataclasses.replace(config, evolution=config.evolution.sized(workers))  # as flows.evolution.check
     liveness = config.run.liveness("", workers)  # run.heartbeat = "auto"
     clock = Clock()
-    comm = SimComm(workers, clock, median, sigma, seed=0, per_node=per_node, beat=liveness.interval)
+    comm = comm_class(workers, clock, median, sigma, seed=seed, per_node=per_node, beat=liveness.interval)
 
     class Backoff:  # the master's idle sleep: jump to the next worker event instead
         def reset(self) -> None:
@@ -381,9 +392,7 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
     try:
         with tempfile.TemporaryDirectory() as tmp:
             source, appends = timed_source(keep or tmp, problem, config, workers)
-            for inherited in (False, True):  # the peers the median rule has once the run is under way (see MIX)
-                for epoch in range(1, EPOCHS + 1):
-                    source.by_epoch[inherited, epoch] = Median([curve_value(epoch)] * config.run.prune_min_results)
+            comm.prime(source, config)
             if isinstance(source.engine, Ahead):  # its start overlaps sharing the data in a run: let it start
                 source.engine.up.poll(START_WAIT)
             start = clock.time()
@@ -396,6 +405,7 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
                 source.run.close()  # the journal on disk, as the session's end leaves it
             cpu = time.process_time() - cpu - clock.simulation_cpu()
             wall = clock.time() - start
+            more = report(comm, source, start, min(start + wall, start + 60 * minutes)) if report else {}
             helper = resource.getrusage(resource.RUSAGE_CHILDREN)  # the breeding helper, if any
             helper_cpu = helper.ru_utime + helper.ru_stime
     finally:
@@ -419,7 +429,7 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
             "by_status": dict(source.by_status),
             "mix": dict(comm.fates),
             "pruned_at_epoch": dict(sorted(comm.pruned_at.items())),
-            "lost": len(state.lost),
+            "lost": len(state.lost), **more,
             **(_after_death(comm, source, state, dead, start + 60 * kill_at, end) if dead else {})}
 
 
@@ -450,14 +460,17 @@ def main(argv: list[str] | None = None) -> None:
         print(json.dumps(one(args.workers[0], args.minutes, args.median, args.sigma, args.breeder_workers)), flush=True)
         return
     for n in args.workers:
-        proc = subprocess.run([sys.executable, "-m", "bench.scale", "--one", "--workers", str(n), "--minutes",
-                               str(args.minutes), "--median", str(args.median), "--sigma", str(args.sigma)]
-                              + ([] if args.breeder_workers is None else ["--breeder-workers",
-                                                                          str(args.breeder_workers)]),
-                              capture_output=True, text=True)
-        if proc.returncode:
-            raise SystemExit(f"bench.scale --workers {n} failed:\n{proc.stderr}")
-        print(proc.stdout.strip(), flush=True)
+        in_fresh_process("bench.scale", ["--workers", n, "--minutes", args.minutes, "--median", args.median,
+                                         "--sigma", args.sigma]
+                         + ([] if args.breeder_workers is None else ["--breeder-workers", args.breeder_workers]))
+
+
+def in_fresh_process(module: str, args: list) -> None:
+    """`python -m module --one ARGS`, a measurement in a process of its own (its peak memory its own): its line."""
+    proc = subprocess.run([sys.executable, "-m", module, "--one", *map(str, args)], capture_output=True, text=True)
+    if proc.returncode:
+        raise SystemExit(f"{module} {' '.join(map(str, args))} failed:\n{proc.stderr}")
+    print(proc.stdout.strip(), flush=True)
 
 
 if __name__ == "__main__":

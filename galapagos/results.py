@@ -50,6 +50,7 @@ class Trial:
     start: datetime | None = field(default=None, repr=False)
     end: datetime | None = field(default=None, repr=False)
     error: str | None = field(default=None, repr=False)
+    rung: int = field(default=0, repr=False)  # multi-fidelity: the rung it trained to (evolution.rungs)
     name: str | None = None  # an ensemble member's
     path: Path | None = None
 
@@ -59,7 +60,8 @@ class Trial:
         return cls(id=record.id, status=record.status, fitness=record.fitness, params=genome_params(genome or None),
                    metrics=dict(record.metrics or {}), genome=genome, curve=tuple(record.curve or ()),
                    num_params=record.params, origin=record.origin, parents=tuple(record.parents or ()),
-                   start=_time(record.start), end=_time(record.end), error=record.error, name=record.name,
+                   start=_time(record.start), end=_time(record.end), error=record.error, rung=record.rung or 0,
+                   name=record.name,
                    path=path)
 
     def load(self, device: str = "cpu", *, logits: bool = False) -> torch.nn.Module:

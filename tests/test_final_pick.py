@@ -56,7 +56,7 @@ def test_the_run_picks_its_best_on_the_rows_no_training_saw(tmp_path):
     scored = pick["scored"]
     by_id = {r["id"]: r for r in journal(out)}
     top_rung = max(r["rung"] for r in by_id.values() if r["status"] == "ok")
-    assert 1 <= len(scored) <= 8 and all(by_id[s["id"]]["rung"] == top_rung for s in scored)
+    assert 1 <= len(scored) <= 5 and all(by_id[s["id"]]["rung"] == top_rung for s in scored)
     assert [s["fitness"] for s in scored] == sorted((s["fitness"] for s in scored), reverse=True)
     assert len({by_id[s["id"]]["key"] for s in scored}) == len(scored)  # one per network
     assert pick["id"] == max(scored, key=lambda s: s["holdout_score"])["id"]  # the first such: the better by val

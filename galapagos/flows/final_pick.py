@@ -2,8 +2,9 @@
 scored again on the validation rows that no training saw (`[train] holdout`), and the best there is the run's.
 
 Hundreds of close relatives scored on one validation split make the best of them an optimistic pick (its own best
-epoch chosen on it too): a fresh split ranks the few best without that bias. The candidates are the best ``PICK``
-distinct networks of the highest rung reached (every candidate's, without rungs) whose weights the run kept.
+epoch chosen on it too): a fresh split ranks the few best without that bias. The candidates are the best
+`run.keep_models` distinct networks of the highest rung reached (every candidate's, without rungs) whose weights the
+run kept.
 """
 from __future__ import annotations
 
@@ -24,15 +25,12 @@ from galapagos.launch.protocol import Status
 from galapagos.store.journal import JournalRecord
 from galapagos.store.rundir import RunDir
 
-__all__ = ["PICK", "final_pick"]
+__all__ = ["final_pick"]
 
 log = logging.getLogger(__name__)
 
-PICK = 8  # networks scored on the held-back rows: the best of the search, one per genome
-
-
-def candidates(run: RunDir, records: list[JournalRecord]) -> list[JournalRecord]:
-    """The best `PICK` distinct networks of the highest rung reached whose weights are in models/, best first."""
+def candidates(run: RunDir, records: list[JournalRecord], pick: int) -> list[JournalRecord]:
+    """The best `pick` distinct networks of the highest rung reached whose weights are in models/, best first."""
     ok = [r for r in records if r.status == Status.OK and r.fitness is not None]
     rung = max((r.rung or 0 for r in ok), default=0)
     out, keys = [], set()
@@ -40,7 +38,7 @@ def candidates(run: RunDir, records: list[JournalRecord]) -> list[JournalRecord]
         if r.key not in keys and os.path.exists(run.model_path(r.id)):
             keys.add(r.key)
             out.append(r)
-        if len(out) == PICK:
+        if len(out) == pick:
             break
     return out
 
@@ -71,7 +69,7 @@ def final_pick(run: RunDir, config: Config, problem: Problem, data: str, records
     """(the picked record, what summary.json says of the pick), or None where nothing is held back or no network
     was kept. The candidates' scores on the held-back rows; the best there is picked (the better by validation on a
     tie)."""
-    if not config.train.holdout or not (found := candidates(run, records)):
+    if not config.train.holdout or not (found := candidates(run, records, config.run.keep_models)):
         return None
     x, y = held_back(config, data)
     scores = {}

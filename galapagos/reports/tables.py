@@ -13,7 +13,7 @@ from galapagos.evolve.genome import GENE_FIELDS, Genome
 from galapagos.store.rundir import JournalDir
 
 FIRST = ("id", "name", "status", "fitness", "params", "seconds", "epochs", "start", "end", "origin", "parents",
-         "rank", "host")
+         "rung", "rank", "host")
 SKIP = ("curve", "genome", "metrics", "error", "describe")
 # A genome's layers are a list of any length: the table gives what can be compared across genomes of different
 # lengths (how many layers of each type, the widest, the largest kernel, the highest dropout rate).

@@ -1,0 +1,135 @@
+"""A search landscape fitted to real evaluations, for simulating a search at a size no test machine has
+(bench/search_scale.py).
+
+    python -m bench.landscape --name NAME --val-rows N RUN_DIR... [--more RUN_DIR...] > bench/landscapes/NAME.json
+
+The points are the finished first trainings (rung 0, `ok`, not inherited) of real runs' journals: each network's
+genome, its validation score after `[train] epochs` and its training seconds. Runs of random search without
+pruning (`--strategy random --set run.prune=false`) sample the space without the bias of a search or a pruner;
+the runs given with `--more` only add their children and promotions to the figures below. A genome's *true score*
+is the inverse-distance weighted mean of its K nearest points' scores, in a feature space of the genome (layer
+counts by type, widths, kernels, pooling, optimiser, learning rate, batch size, weight decay, head, parameters;
+each feature scaled by its spread over the points); its seconds the same over the log of theirs. Three more
+figures come from the journals:
+- `inherit_bonus`: how much a child that started from its parent's weights scores above the landscape's value of
+  its genome (median over such children that finished: those pruned have no full score, so it leans high);
+- `rung_shrink`: a promotion's error against its parent's, (1 - score) after against before, per rung (median over
+  the promoted pairs of runs in rungs; 1.0, no gain, without them);
+- `val_rows`: the validation rows a score was measured on, for the binomial noise of an observed score.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+from pathlib import Path
+
+import numpy as np
+
+from galapagos.evolve.genome import HEADS, LAYER_TYPES, OPTIMIZERS
+
+K = 7  # neighbours a value is averaged over
+
+
+def features(genome: dict, params: int) -> list[float]:
+    """A genome as numbers: per layer type its count, the log2 widths and kernels summed, pooling, hyperparameters."""
+    layers = genome.get("layers", [])
+    out = [float(len(layers)), math.log10(max(params, 1))]
+    for kind in LAYER_TYPES:
+        out.append(float(sum(g["type"] == kind for g in layers)))
+    out.append(sum(math.log2(g.get("channels", g.get("units", 1))) for g in layers))
+    out.append(sum(g.get("kernel", 0) for g in layers))
+    out.append(sum(math.log2(g.get("size", 1)) + math.log2(g.get("stride", 1)) for g in layers))
+    out.append(sum(g.get("rate", 0.0) for g in layers))
+    out += [float(genome.get("optimizer") == o) for o in OPTIMIZERS]
+    out += [float(genome.get("head") == h) for h in HEADS]
+    out += [math.log10(genome["lr"]), math.log2(genome["batch_size"]), math.log10(genome.get("weight_decay", 0) + 1e-6)]
+    return out
+
+
+class Landscape:
+    """True scores and training seconds of any genome, from the points of real runs."""
+
+    def __init__(self, data: dict) -> None:
+        self.data = data
+        self.x = np.asarray(data["features"], dtype=np.float64)
+        self.scale = np.where(self.x.std(0) > 0, self.x.std(0), 1.0)
+        self.x = self.x / self.scale
+        self.score = np.asarray(data["scores"], dtype=np.float64)
+        self.log_seconds = np.log(np.asarray(data["seconds"], dtype=np.float64))
+
+    def _weights(self, f: list[float]) -> tuple[np.ndarray, np.ndarray]:
+        d = np.sqrt(((self.x - np.asarray(f) / self.scale) ** 2).sum(1))
+        near = np.argpartition(d, min(K, len(d) - 1))[:K]
+        w = 1.0 / (d[near] + 1e-3)
+        return near, w / w.sum()
+
+    def value(self, genome: dict, params: int) -> tuple[float, float]:
+        """(true score, training seconds of [train] epochs) of a genome with `params` parameters."""
+        near, w = self._weights(features(genome, params))
+        return float(w @ self.score[near]), float(np.exp(w @ self.log_seconds[near]))
+
+    @property
+    def inherit_bonus(self) -> float:
+        return self.data["inherit_bonus"]
+
+    @property
+    def rung_shrink(self) -> float:
+        return self.data["rung_shrink"]
+
+    @property
+    def val_rows(self) -> int:
+        return self.data["val_rows"]
+
+
+def _records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "results.jsonl").read_text().splitlines() if line.strip()]
+
+
+def fit(name: str, runs: list[Path], val_rows: int, more: list[Path] = ()) -> dict:
+    """The landscape's JSON from the journals of `runs`, its inheritance and promotion figures from those of
+    `more` too."""
+    fresh, inherited, pairs = [], [], []
+    for run in [*runs, *more]:
+        records = _records(run)
+        by_id = {r["id"]: r for r in records}
+        for r in records:
+            if r["status"] != "ok" or r["fitness"] is None:
+                continue
+            if r.get("origin") == "promoted":
+                parent = by_id.get(r["parents"][0])
+                if parent is not None and parent["fitness"] < 1:
+                    pairs.append((1 - r["fitness"]) / (1 - parent["fitness"]))
+            elif r.get("inherits") is not None:
+                inherited.append(r)
+            elif run in runs:
+                fresh.append(r)
+    if len(fresh) <= K:
+        raise SystemExit(f"{len(fresh)} fresh first trainings in {', '.join(map(str, runs))}: too few to fit")
+    data = {"name": name, "runs": [str(r) for r in runs], "more": [str(r) for r in more], "val_rows": val_rows,
+            "features": [features(r["genome"], r["params"]) for r in fresh],
+            "scores": [r["fitness"] for r in fresh],
+            "seconds": [r["metrics"]["train_seconds"] for r in fresh],
+            "inherit_bonus": 0.0, "rung_shrink": statistics.median(pairs) if pairs else 1.0,
+            "promoted_pairs": len(pairs), "inherited": len(inherited)}
+    land = Landscape(data)
+    if inherited:
+        data["inherit_bonus"] = statistics.median(r["fitness"] - land.value(r["genome"], r["params"])[0]
+                                                  for r in inherited)
+    return data
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.landscape", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("runs", nargs="+", type=Path, help="run directories whose journals give the points")
+    p.add_argument("--name", required=True)
+    p.add_argument("--val-rows", type=int, required=True, help="validation rows the scores were measured on")
+    p.add_argument("--more", nargs="*", type=Path, default=[], help="runs that add only children and promotions")
+    args = p.parse_args(argv)
+    print(json.dumps(fit(args.name, args.runs, args.val_rows, args.more)))
+
+
+if __name__ == "__main__":
+    main()
