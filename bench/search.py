@@ -39,7 +39,9 @@ reaches the data's own limit (about 0.98) and 450 test images cannot rank them. 
 each dataset is bench/search_configs/NAME.toml, the variants sharing their generator's (`config_path`). With
 `--default-space` every contestant searches Galapagos's default space with its default recipe instead (an empty
 config: what a new user runs, as issue 10 measured), and the expert trains its network with that recipe.
-Prints one JSON line per run, then the mean and standard deviation over seeds per dataset and contestant.
+Prints one JSON line per run, then the mean and standard deviation over seeds per dataset and contestant. With
+`--results FILE` each line is also added to FILE, a run already there is not run again, and the table is of every
+row of FILE asked for: a protocol of many hours goes on across sessions, and its table is made from its own rows.
 """
 from __future__ import annotations
 
@@ -235,6 +237,19 @@ def table(rows: list[dict], datasets: list[str], contestants: list[str]) -> str:
     return "\n".join(lines + [""] + verdicts + [""] + paired)
 
 
+def saved_rows(path: Path | None, args: argparse.Namespace) -> list[dict]:
+    """The rows of `path` (bench/search.py's JSON lines) of the runs `args` asks for, made with its settings: a
+    row carries its minutes, workers and space, and a file of other settings is refused."""
+    if path is None or not path.exists():
+        return []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    setting = {"minutes": args.minutes, "workers": args.workers, "default_space": args.default_space}
+    if other := [r for r in rows if {k: r.get(k) for k in setting} != setting]:
+        raise SystemExit(f"--results {path}: row {other[0]} was made with other settings than {setting}")
+    return [r for r in rows if r["dataset"] in args.datasets and r["contestant"] in args.contestants
+            and r["seed"] in args.seeds]
+
+
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.search", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -250,6 +265,9 @@ def main(argv: list[str] | None = None) -> None:
                    "dataset's config, for every contestant (e.g. train.epochs=3)")
     p.add_argument("--default-space", action="store_true", help="every contestant with the default space and "
                    "recipe (an empty config) instead of the dataset's")
+    p.add_argument("--results", type=Path, help="a JSON-lines file of rows: a run already in it is not run again, "
+                   "each new row is added as it is made, and the table is of all its rows of the chosen datasets, "
+                   "contestants and seeds (a long protocol goes on across sessions; the table is made from it)")
     args = p.parse_args(argv)
     if set(OPTUNA) & set(args.contestants):
         try:
@@ -259,7 +277,7 @@ def main(argv: list[str] | None = None) -> None:
                     f"{', '.join(OPTUNA)} with --contestants)")
     cores = args.cores or sorted(os.sched_getaffinity(0))[:args.workers]
     os.sched_setaffinity(0, cores)  # every contestant's processes inherit it
-    rows = []
+    rows = saved_rows(args.results, args)
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=args.keep is None)
@@ -270,6 +288,8 @@ def main(argv: list[str] | None = None) -> None:
             generate(data, **kwargs)
             for seed in args.seeds:
                 for contestant in args.contestants:
+                    if any((r["dataset"], r["contestant"], r["seed"]) == (name, contestant, seed) for r in rows):
+                        continue
                     out = work / f"{name}-{contestant}-{seed}"
                     t0 = time.time()
                     deadline = t0 + 60 * args.minutes
@@ -285,11 +305,15 @@ def main(argv: list[str] | None = None) -> None:
                         r = run_optuna(contestant, data, config, out, seed, args.workers, cores, deadline, args.set)
                     wall = time.time() - t0
                     model, val = r.pop("model"), r.pop("val")
-                    row = {"dataset": name, "contestant": contestant, "seed": seed,
+                    row = {"dataset": name, "contestant": contestant, "seed": seed, "minutes": args.minutes,
+                           "workers": args.workers, "default_space": args.default_space,
                            "test": None if model is None else round(test_score(model, data), 4),
                            "val": None if val is None else round(val, 4), **r, "wall_s": round(wall, 1)}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
+                    if args.results:
+                        with args.results.open("a") as f:
+                            f.write(json.dumps(row) + "\n")
     space = "the default space" if args.default_space else "each dataset's space"
     print(f"\n{args.minutes:g} min per run, {args.workers} workers on cores {cores}, seeds {args.seeds}, {space}\n")
     print(table(rows, args.datasets, args.contestants))

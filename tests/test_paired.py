@@ -32,3 +32,22 @@ def test_runs_pair_by_dataset_and_seed_and_unfinished_ones_drop_out():
     text = compare(rows, "evolution", "tpe-best", ["spectra"])
     assert "2 paired runs" in text and "+0.1000" in text and "p = 0.2500" in text
     assert "no (dataset, seed) run" in compare(rows, "evolution", "tpe", ["spectra"])
+
+
+def test_a_results_file_skips_what_it_holds_and_refuses_other_settings(tmp_path):
+    import argparse
+    import json
+
+    from bench.search import saved_rows
+
+    args = argparse.Namespace(minutes=20.0, workers=2, default_space=False, datasets=["spectra"],
+                              contestants=["evolution", "tpe-best"], seeds=[0, 1])
+    row = {"dataset": "spectra", "contestant": "evolution", "seed": 0, "minutes": 20.0, "workers": 2,
+           "default_space": False, "test": 0.99}
+    path = tmp_path / "rows.jsonl"
+    assert saved_rows(path, args) == [] and saved_rows(None, args) == []
+    path.write_text("".join(json.dumps(r) + "\n" for r in [row, {**row, "seed": 7}, {**row, "dataset": "fields"}]))
+    assert saved_rows(path, args) == [row]  # of the runs asked for
+    path.write_text(json.dumps({**row, "minutes": 3.0}) + "\n")
+    with pytest.raises(SystemExit, match="other settings"):
+        saved_rows(path, args)
