@@ -7,8 +7,8 @@ The points are the finished first trainings (rung 0, `ok`, not inherited) of rea
 genome, its validation score after `[train] epochs` and its training seconds. Runs of random search without
 pruning (`--strategy random --set run.prune=false`) sample the space without the bias of a search or a pruner;
 the runs given with `--more` only add their children and promotions to the figures below. A genome's *true score*
-is the inverse-distance weighted mean of its K nearest points' scores, in a feature space of the genome (layer
-counts by type, widths, kernels, pooling, optimiser, learning rate, batch size, weight decay, head, parameters;
+is the inverse-distance weighted mean of its K nearest points' scores, in the feature space of the engine's
+surrogate (evolve/surrogate.py: layer counts by type, widths, kernels, pooling, the training genes, parameters;
 each feature scaled by its spread over the points); its seconds the same over the log of theirs. Three more
 figures come from the journals:
 - `inherit_bonus`: how much a child that started from its parent's weights scores above the landscape's value of
@@ -27,48 +27,24 @@ from pathlib import Path
 
 import numpy as np
 
-from galapagos.evolve.genome import HEADS, LAYER_TYPES, OPTIMIZERS
-
-K = 7  # neighbours a value is averaged over
-
-
-def features(genome: dict, params: int) -> list[float]:
-    """A genome as numbers: per layer type its count, the log2 widths and kernels summed, pooling, hyperparameters."""
-    layers = genome.get("layers", [])
-    out = [float(len(layers)), math.log10(max(params, 1))]
-    for kind in LAYER_TYPES:
-        out.append(float(sum(g["type"] == kind for g in layers)))
-    out.append(sum(math.log2(g.get("channels", g.get("units", 1))) for g in layers))
-    out.append(sum(g.get("kernel", 0) for g in layers))
-    out.append(sum(math.log2(g.get("size", 1)) + math.log2(g.get("stride", 1)) for g in layers))
-    out.append(sum(g.get("rate", 0.0) for g in layers))
-    out += [float(genome.get("optimizer") == o) for o in OPTIMIZERS]
-    out += [float(genome.get("head") == h) for h in HEADS]
-    out += [math.log10(genome["lr"]), math.log2(genome["batch_size"]), math.log10(genome.get("weight_decay", 0) + 1e-6)]
-    return out
-
+from galapagos.evolve.surrogate import K, features, knn
 
 class Landscape:
     """True scores and training seconds of any genome, from the points of real runs."""
 
     def __init__(self, data: dict) -> None:
         self.data = data
-        self.x = np.asarray(data["features"], dtype=np.float64)
-        self.scale = np.where(self.x.std(0) > 0, self.x.std(0), 1.0)
-        self.x = self.x / self.scale
+        self.points = np.asarray(data["features"], dtype=np.float64)
+        spread = self.points.std(0)
+        self.scale = np.where(spread > 0, spread, 1.0)
         self.score = np.asarray(data["scores"], dtype=np.float64)
         self.log_seconds = np.log(np.asarray(data["seconds"], dtype=np.float64))
 
-    def _weights(self, f: list[float]) -> tuple[np.ndarray, np.ndarray]:
-        d = np.sqrt(((self.x - np.asarray(f) / self.scale) ** 2).sum(1))
-        near = np.argpartition(d, min(K, len(d) - 1))[:K]
-        w = 1.0 / (d[near] + 1e-3)
-        return near, w / w.sum()
-
     def value(self, genome: dict, params: int) -> tuple[float, float]:
         """(true score, training seconds of [train] epochs) of a genome with `params` parameters."""
-        near, w = self._weights(features(genome, params))
-        return float(w @ self.score[near]), float(np.exp(w @ self.log_seconds[near]))
+        x = features(genome, params)
+        return (knn(self.points, self.score, self.scale, x),
+                math.exp(knn(self.points, self.log_seconds, self.scale, x)))
 
     @property
     def inherit_bonus(self) -> float:

@@ -38,6 +38,7 @@ from .priors import prior_genomes
 from .problem import Problem
 from .rungs import Rungs
 from .searchconfig import AUTO, STRATEGIES, EvolutionConfig
+from .surrogate import Surrogate
 from .settings import is_int
 from .space import SearchSpace
 
@@ -100,6 +101,7 @@ class Engine:
         self._best_rung = 0
         self._rungs = Rungs(self.config.reduction_factor, self.config.rungs) if self.config.rungs > 1 else None
         self._released: list[int] = []  # ids whose checkpoints no promotion needs any more, not yet taken
+        self._surrogate = Surrogate() if self.config.surrogate > 1 else None
         self._elite: list[tuple[Candidate, Values]] = []  # several objectives: NSGA-II's survivors
         self._ranked: list[tuple[Candidate, int, float]] | None = None  # the elite's fronts and crowding, cached
         self._seeds: collections.deque[Genome] = collections.deque()  # asked first (warm start)
@@ -201,7 +203,7 @@ class Engine:
         elif random_phase and (prior := self._prior()) is not None:
             genome, parents, origin = prior, (), "prior"
         else:
-            bred = None if random_phase else self._breed(rng)
+            bred = None if random_phase else self._best_bred(rng)
             genome, parents, origin = bred if bred is not None else (self._random(rng), (), "random")
         candidate = Candidate(id=cid, genome=genome, parents=parents, origin=origin)
         self._next_id += 1
@@ -315,6 +317,8 @@ class Engine:
                     self._costs.pop(self._population[0][0].id, None)  # ageing out
                 self._costs[candidate.id] = count_params(candidate.genome, self.problem)
             self._population.append((candidate, value))
+            if self._surrogate is not None and candidate.rung == 0:
+                self._surrogate.add(candidate.genome, self._params(candidate), value)
             if self._rungs is not None:
                 self._rungs.add(candidate.rung, candidate.id, value, candidate)
                 self._released += self._rungs.take_released()
@@ -365,6 +369,21 @@ class Engine:
         if self._ranked is None:
             self._ranked = nsga2_rank(self._elite, self.config.objectives)
         return crowded_tournament(self._ranked, k, self.config.tournament_size, rng)
+
+    def _params(self, candidate: Candidate) -> int:
+        return candidate.params if candidate.params is not None else count_params(candidate.genome, self.problem)
+
+    def _best_bred(self, rng: random.Random) -> tuple[Genome, tuple[int, ...], str] | None:
+        """A child (:meth:`_breed`); with a surrogate that has enough points, the best predicted of
+        ``config.surrogate`` distinct children."""
+        if self._surrogate is None or not self._surrogate.ready:
+            return self._breed(rng)
+        children: dict[str, tuple[Genome, tuple[int, ...], str]] = {}
+        for _ in range(self.config.surrogate):
+            if (child := self._breed(rng)) is not None:
+                children.setdefault(child[0].key, child)
+        return max(children.values(), default=None,
+                   key=lambda c: self._surrogate.predict(c[0], count_params(c[0], self.problem)))
 
     def _breed(self, rng: random.Random) -> tuple[Genome, tuple[int, ...], str] | None:
         cfg = self.config

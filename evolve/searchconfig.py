@@ -74,6 +74,9 @@ class EvolutionConfig(Table):
 
     reduction_factor: int = 3  # the share of a rung that goes on (1 in this many) and how much longer it trains
 
+    surrogate: int = 0  # children bred per ask, of which the one a model of the results so far predicts best is
+    # asked (evolve/surrogate.py); 0 or 1: one child, no model. Off until the search benchmark shows it pays
+
     cost_tolerance: float = 0.001  # how near: fitness (accuracy, or mean R^2) within this of a tournament's fittest
     # counts as equal; 0.001 is one sample in 1,000 of validation, so a smaller validation split only breaks exact ties
 
@@ -106,6 +109,7 @@ class EvolutionConfig(Table):
             ("rungs", is_int(self.rungs) and 1 <= self.rungs <= 8 and (self.rungs == 1 or len(self.objectives) == 1),
              "an integer from 1 to 8" + (" (1 with several objectives)" if len(self.objectives) > 1 else "")),
             ("reduction_factor", is_int(self.reduction_factor) and self.reduction_factor >= 2, "an integer >= 2"),
+            ("surrogate", is_int(self.surrogate) and 0 <= self.surrogate <= 64, "an integer from 0 to 64"),
             ("breeder_workers", is_int(self.breeder_workers) and self.breeder_workers >= 0, "an integer >= 0"),
             ("mutations", len(m) == 2 and all(is_int(v) for v in m) and 1 <= m[0] <= m[1],
              "an integer >= 1 or [low, high] with 1 <= low <= high"),
