@@ -11,8 +11,9 @@ is the inverse-distance weighted mean of its K nearest points' scores, in the fe
 surrogate (evolve/surrogate.py: layer counts by type, widths, kernels, pooling, the training genes, parameters;
 each feature scaled by its spread over the points); its seconds the same over the log of theirs. Three more
 figures come from the journals:
-- `inherit_bonus`: how much a child that started from its parent's weights scores above the landscape's value of
-  its genome (median over such children that finished: those pruned have no full score, so it leans high);
+- `inherit_bonus`: how much further a child that started from its parent's weights scores above the landscape's
+  value of its genome than the fresh networks of the same searches do (medians over those that finished; both
+  passed the searches' pruning, and the fresh ones' lead, from the pruning and the priors, is taken off);
 - `rung_shrink`: a promotion's error against its parent's, (1 - score) after against before, per rung (median over
   the promoted pairs of runs in rungs; 1.0, no gain, without them);
 - `val_rows`: the validation rows a score was measured on, for the binomial noise of an observed score.
@@ -66,21 +67,22 @@ def _records(run: Path) -> list[dict]:
 def fit(name: str, runs: list[Path], val_rows: int, more: list[Path] = ()) -> dict:
     """The landscape's JSON from the journals of `runs`, its inheritance and promotion figures from those of
     `more` too."""
-    fresh, inherited, pairs = [], [], []
+    fresh, inherited, peers, pairs = [], [], [], []
     for run in [*runs, *more]:
         records = _records(run)
         by_id = {r["id"]: r for r in records}
-        for r in records:
-            if r["status"] != "ok" or r["fitness"] is None:
-                continue
+        ok = [r for r in records if r["status"] == "ok" and r["fitness"] is not None]
+        for r in ok:
             if r.get("origin") == "promoted":
                 parent = by_id.get(r["parents"][0])
                 if parent is not None and parent["fitness"] < 1:
                     pairs.append((1 - r["fitness"]) / (1 - parent["fitness"]))
-            elif r.get("inherits") is not None:
-                inherited.append(r)
-            elif run in runs:
-                fresh.append(r)
+        first = [r for r in ok if r.get("origin") != "promoted"]
+        inherited += [r for r in first if r.get("inherits") is not None]
+        if any(r.get("inherits") is not None for r in first):  # a search's own: past its pruner as its children are
+            peers += [r for r in first if r.get("inherits") is None]
+        if run in runs:
+            fresh += [r for r in first if r.get("inherits") is None]
     if len(fresh) <= K:
         raise SystemExit(f"{len(fresh)} fresh first trainings in {', '.join(map(str, runs))}: too few to fit")
     data = {"name": name, "runs": [str(r) for r in runs], "more": [str(r) for r in more], "val_rows": val_rows,
@@ -90,9 +92,11 @@ def fit(name: str, runs: list[Path], val_rows: int, more: list[Path] = ()) -> di
             "inherit_bonus": 0.0, "rung_shrink": statistics.median(pairs) if pairs else 1.0,
             "promoted_pairs": len(pairs), "inherited": len(inherited)}
     land = Landscape(data)
-    if inherited:
-        data["inherit_bonus"] = statistics.median(r["fitness"] - land.value(r["genome"], r["params"])[0]
-                                                  for r in inherited)
+    if inherited and peers:
+        def residual(rs: list[dict]) -> float:
+            return statistics.median(r["fitness"] - land.value(r["genome"], r["params"])[0] for r in rs)
+
+        data["inherit_bonus"] = residual(inherited) - residual(peers)
     return data
 
 

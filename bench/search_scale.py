@@ -1,7 +1,7 @@
 """Search quality at whole-machine scale, by simulation: rank 0's real master and search on a landscape fitted to
 real evaluations (bench/landscape.py), with 1,000 to 127,488 simulated workers.
 
-    python -m bench.search_scale [--workers 1000 27648 127488] [--contestants evolution evolution-rungs random]
+    python -m bench.search_scale [--workers 1000 27648 127488] [--contestants evolution evolution-rungs ...]
                                  [--minutes 5] [--time-scale 10] [--seeds 0]
 
 bench/scale.py's simulation (the real `master_serve`, evolution source, engine, journal and pruning on a virtual
@@ -39,6 +39,7 @@ from galapagos.launch.protocol import Progress, Result, Status, Task
 LANDSCAPES = Path(__file__).parent / "landscapes"
 CONTESTANTS = {"evolution": ["evolution.strategy=evolution"],
                "evolution-rungs": ["evolution.strategy=evolution", "evolution.rungs=2"],
+               "evolution-surrogate": ["evolution.strategy=evolution", "evolution.surrogate=8"],
                "random": ["evolution.strategy=random"]}
 PROBLEM = Problem((1, 128), "classification", 10)  # the signals' (examples/signals.py), the landscape's data
 EPOCHS = 6  # [train] epochs, the landscape's first training
