@@ -8,8 +8,10 @@ bench/scale.py's simulation (the real `master_serve`, evolution source, engine, 
 clock; simulated worker ranks) with one change: a worker's task ends as the landscape says. The network's genome
 (sent as in a real job) gives its *true score* after `[train] epochs` and its training seconds (times
 `--time-scale`: the landscape's networks trained in seconds on a core; scaled, a job holds the rounds of a
-longer training); a child that inherited weights adds the landscape's `inherit_bonus`; a promotion to rung r has
-its error (1 - score) times `rung_shrink` per rung, and trains the rung's extra epochs at the same rate. What the
+longer training); a child that inherited weights adds the landscape's `inherit_bonus`; a promotion (the network it
+continues, inheritance included) has its error (1 - score) times `rung_shrink` per rung, and trains the rung's
+extra epochs at the same rate. A first training in rungs scores as one of `[train] epochs` does, though its
+schedule runs on (the pilot in bench/RESULTS.md saw no gain from rungs; this leans their way). What the
 master sees is the true score plus the binomial noise of the landscape's validation rows, and per epoch a curve
 rising to it with noise of its own (so that median pruning judges as on real curves; a promotion is not judged).
 
@@ -94,7 +96,8 @@ class LandscapeComm(SimComm):
         rung = self.ends.index(p.until) if p.until is not None else 0
         first = self.ends[rung - 1] if p.resume is not None else 0
         last = self.ends[rung]
-        true = 1 - (1 - true) * self.land.rung_shrink ** rung
+        if p.resume is not None:  # the same network trained on: its parent's score, one rung on
+            true = 1 - (1 - self.true[int(Path(p.resume).stem)]) * self.land.rung_shrink
         sd = math.sqrt(max(true * (1 - true), 1e-4) / self.land.val_rows)
         seen = min(1.0, max(0.0, self.noise.gauss(true, sd)))
         per_epoch = seconds * self.time_scale / EPOCHS
