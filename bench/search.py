@@ -4,13 +4,14 @@
     python -m bench.search --datasets signals shapes cosmoflow tabular --seeds 0 1 2 --minutes 1.5 --workers 2
     python -m bench.search --contestants evolution expert ...   # a part of the field
 
-Eight contestants search the same space for the same data, one after another on the same cores, and an expert
+Nine contestants search the same space for the same data, one after another on the same cores, and an expert
 trains a hand-written network there (bench/PROTOCOL.md says which answer what):
 - `evolution`, `random`: `galapagos evolve --strategy evolution|random --workers W --budget-minutes M`;
   `evolution-no-priors` the same with `evolution.priors = false` (the algorithm's share without the priors'),
   `evolution-rungs` with `evolution.rungs = 2` (multi-fidelity, evolve/rungs.py: the best third of the candidates
   trained on to three times the epochs), `evolution-surrogate` with `evolution.surrogate = 8` (evolve/surrogate.py:
-  of 8 children bred per ask, the one a model of the results predicts best);
+  of 8 children bred per ask, the one a model of the results predicts best), `evolution-holdout` with
+  `train.holdout = 0.5` (galapagos/flows/final_pick.py: the best networks re-scored on half the validation rows);
 - `tpe`, `optuna-random`: W processes sharing one Optuna study (a journal file), TPESampler or RandomSampler
   seeded by 1000 * seed + process, MedianPruner with the config's `run.prune_after` and `run.prune_min_results`;
   `tpe-best` is TPE at its best: multivariate, constant liar, HyperbandPruner, warm-started with evolution's prior
@@ -98,16 +99,17 @@ DATASETS = {  # name -> (generator, its arguments, its configs in CONFIGS): each
     "fields": (heldout.fields, {}, "fields"),
 }
 HELD_OUT = ("spectra", "fields")  # the protocol's evidence (bench/PROTOCOL.md); the others were tuned on
-CONTESTANTS = ("evolution", "evolution-no-priors", "evolution-rungs", "evolution-surrogate", "random", "tpe",
-               "tpe-best", "optuna-random", "expert")
+CONTESTANTS = ("evolution", "evolution-no-priors", "evolution-rungs", "evolution-surrogate", "evolution-holdout",
+               "random", "tpe", "tpe-best", "optuna-random", "expert")
 VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, and the settings they add
     "evolution": ("evolution", []), "random": ("random", []),
     "evolution-no-priors": ("evolution", ["evolution.priors=false"]),  # the algorithm's share without the priors'
     "evolution-rungs": ("evolution", ["evolution.rungs=2"]),  # multi-fidelity: the best third trained 3x as long
     "evolution-surrogate": ("evolution", ["evolution.surrogate=8"]),  # the best predicted of 8 children asked
+    "evolution-holdout": ("evolution", ["train.holdout=0.5"]),  # the final pick on half the validation rows
 }
 PAIRED = (("evolution", "tpe-best"), ("evolution", "tpe"), ("evolution-rungs", "evolution"),  # tested, a minus b
-          ("evolution-surrogate", "evolution"))
+          ("evolution-surrogate", "evolution"), ("evolution-holdout", "evolution"))
 EXPERT_TIME_USED = 0.85  # of the time left that the expert's longer training is planned to take (a margin for noise)
 CONFIGS = Path(__file__).parent / "search_configs"
 
