@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from galapagos.evolve.genome import Genome
 from galapagos.evolve.surrogate import K, features, knn
 
 class Landscape:
@@ -38,14 +39,13 @@ class Landscape:
         self.points = np.asarray(data["features"], dtype=np.float64)
         spread = self.points.std(0)
         self.scale = np.where(spread > 0, spread, 1.0)
-        self.score = np.asarray(data["scores"], dtype=np.float64)
-        self.log_seconds = np.log(np.asarray(data["seconds"], dtype=np.float64))
+        # per point: its score and the log of its seconds, averaged over the same neighbours
+        self.targets = np.column_stack([data["scores"], np.log(data["seconds"])]).astype(np.float64)
 
-    def value(self, genome: dict, params: int) -> tuple[float, float]:
-        """(true score, training seconds of [train] epochs) of a genome with `params` parameters."""
-        x = features(genome, params)
-        return (knn(self.points, self.score, self.scale, x),
-                math.exp(knn(self.points, self.log_seconds, self.scale, x)))
+    def value(self, genome: dict | Genome, params: int) -> tuple[float, float]:
+        """(true score, training seconds of [train] epochs) of a genome (or its JSON) with `params` parameters."""
+        score, log_seconds = knn(self.points, self.targets, self.scale, features(genome, params))
+        return float(score), math.exp(log_seconds)
 
     @property
     def inherit_bonus(self) -> float:

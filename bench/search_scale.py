@@ -83,7 +83,7 @@ class LandscapeComm(SimComm):
         if text not in self.genomes:
             g = genome if isinstance(genome, Genome) else Genome.from_json(text)
             params = count_params(g, PROBLEM)
-            self.genomes[text] = (*self.land.value(json.loads(g.canonical()), params), params)
+            self.genomes[text] = (*self.land.value(g, params), params)
         return self.genomes[text][:2]
 
     def _run(self, task: Task, rank: int, now: float) -> None:

@@ -41,13 +41,13 @@ def features(genome: Genome | dict[str, Any], params: int) -> list[float]:
     return out
 
 
-def knn(points: np.ndarray, values: np.ndarray, scale: np.ndarray, x: list[float], k: int = K) -> float:
-    """The inverse-distance weighted mean of the values of the `k` points nearest `x`, features divided by
-    `scale`."""
+def knn(points: np.ndarray, values: np.ndarray, scale: np.ndarray, x: list[float], k: int = K) -> np.ndarray:
+    """The inverse-distance weighted mean of the values (one row per point, or one value) of the `k` points nearest
+    `x`, features divided by `scale`."""
     d = np.sqrt((((points - np.asarray(x)) / scale) ** 2).sum(1))
     near = np.argpartition(d, min(k, len(d) - 1))[:k]
     w = 1.0 / (d[near] + 1e-3)
-    return float(w @ values[near] / w.sum())
+    return w @ values[near] / w.sum()
 
 
 class Surrogate:
@@ -75,4 +75,4 @@ class Surrogate:
         n = min(self.count, CAPACITY)
         points = self.points[:n]
         spread = points.std(0)
-        return knn(points, self.values[:n], np.where(spread > 0, spread, 1.0), features(genome, params))
+        return float(knn(points, self.values[:n], np.where(spread > 0, spread, 1.0), features(genome, params)))

@@ -83,7 +83,7 @@ class EvolutionSource(JournalSource):
         if ev.rungs > 1:
             os.makedirs(self.run.checkpoints, exist_ok=True)
             engine.forget(i for i in engine.resumable() if not os.path.exists(self.run.checkpoint_path(i)))
-            engine.released()
+            engine.released()  # what the replay released: the prune below deletes every checkpoint not resumable
             self.run.prune_checkpoints(engine.resumable())
         self.exhausted: str | None = None  # why the space has no new genome left
         self.clocked = 0.0  # when clock.json was last written
