@@ -15,8 +15,8 @@ schedule runs on (the pilot in bench/RESULTS.md saw no gain from rungs; this lea
 master sees is the true score plus the binomial noise of the landscape's validation rows, and per epoch a curve
 rising to it with noise of its own (so that median pruning judges as on real curves; a promotion is not judged).
 
-Measured per scale and contestant: the true score of the run's best network (the best by validation of the
-highest rung reached, as `best/`) at a quarter, half and all of the time, the tasks finished, and the true score of
+Measured per scale and contestant: the true score of the run's best network (the best by validation of any
+rung, as `best/`) at a quarter, half and all of the time, the tasks finished, and the true score of
 the best network the run evaluated at all (what a perfect final pick would get). A search that does not get better
 with more workers, or in which multi-fidelity does not pay, shows here.
 """
@@ -120,13 +120,13 @@ class LandscapeComm(SimComm):
 
 
 def quality(comm: LandscapeComm, source, start: float, end: float) -> dict:
-    """The true score of the run's best network (by validation, of the highest rung reached) at a quarter, half and
+    """The true score of the run's best network (by validation, of any rung) at a quarter, half and
     all of the time, and of the best network it evaluated."""
     records = [r for r in source.run.read_journal() if r.status == Status.OK and r.fitness is not None]
     out = {}
     for share in (0.25, 0.5, 1.0):
         done = [r for r in records if r.end <= start + share * (end - start)]
-        best = max(done, key=lambda r: r.standing, default=None)
+        best = max(done, key=lambda r: r.fitness, default=None)
         out[f"best_true_{share:g}"] = None if best is None else round(comm.true[best.id], 4)
     out["evaluated_true_max"] = round(max(comm.true[r.id] for r in records), 4) if records else None
     out["promoted"] = sum(r.origin == "promoted" for r in records)

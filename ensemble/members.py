@@ -38,9 +38,8 @@ class MemberSpec:
 
 
 def ranked_genomes(records: list[Any]) -> list[Any]:
-    """The run's finished (`ok`) evaluations, best first (of the highest rung, with rungs), one per genome."""
-    ok = sorted((r for r in records if r.status == "ok" and r.fitness is not None),
-                key=lambda r: (-(r.rung or 0), -r.fitness, r.id))
+    """The run's finished (`ok`) evaluations, best first, one per genome (its best rung's, with rungs)."""
+    ok = sorted((r for r in records if r.status == "ok" and r.fitness is not None), key=lambda r: (-r.fitness, r.id))
     seen: set[str] = set()
     out = []
     for r in ok:

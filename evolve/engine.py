@@ -98,7 +98,6 @@ class Engine:
             maxlen=self.config.population_size
         )
         self._best: tuple[int, Genome, float] | None = None
-        self._best_rung = 0
         self._rungs = Rungs(self.config.reduction_factor, self.config.rungs) if self.config.rungs > 1 else None
         self._released: list[int] = []  # ids whose checkpoints no promotion needs any more, not yet taken
         self._surrogate = Surrogate() if self.config.surrogate > 1 else None
@@ -111,8 +110,8 @@ class Engine:
     # --- state ---
     @property
     def best(self) -> tuple[int, Genome, float] | None:
-        """(id, genome, fitness) of the best result told so far (first one on ties; with rungs, of the highest rung
-        reached), None before any success."""
+        """(id, genome, fitness) of the best result told so far (first one on ties; of any rung, with rungs), None
+        before any success."""
         return self._best
 
     def resumable(self) -> set[int]:
@@ -326,8 +325,8 @@ class Engine:
             pairs = [((c, v), v) for c, v in self._elite + [(candidate, tuple(values))]]
             self._elite = nsga2_survivors(pairs, self.config.population_size, self.config.objectives)
             self._ranked = None
-        if value is not None and (self._best is None or (candidate.rung, value) > (self._best_rung, self._best[2])):
-            self._best, self._best_rung = (candidate.id, candidate.genome, value), candidate.rung
+        if value is not None and (self._best is None or value > self._best[2]):
+            self._best = (candidate.id, candidate.genome, value)
         log.debug("told %d (%s): fitness %s", candidate.id, status, value)
 
     def _prior(self) -> Genome | None:

@@ -1,8 +1,12 @@
 """Asynchronous successive halving (ASHA: Li et al., 2020, "A System for Massively Parallel Hyperparameter Tuning"):
 the rungs of a multi-fidelity search and which of their results train on.
 
-Rung k ends at epoch ``epochs * factor**k`` of one learning rate schedule that spans the last rung's (evolve/train.py
-trains a rung as a part of it, evolve/checkpoint.py carries it over). A result at rung k below the last is
+Rung k ends at epoch ``epochs * factor**k`` of one schedule that spans the last rung's, warm-up, stable, decay
+(Hägele et al., 2024, "Scaling Laws and Compute-Optimal Training Beyond Fixed Training Durations"): the learning rate
+stays at the genome's until the last ``COOLDOWN`` of a rung's epochs, where it decays to zero before the rung's score
+is read, so that every rung's score is a finished training's and scores compare across rungs. The state at the start
+of that decay is the rung's checkpoint (evolve/checkpoint.py), from which a promotion trains on at the same learning
+rate to the next rung's decay: the schedule never restarts (evolve/train.py). A result at rung k below the last is
 *promotable* while it is among the best ``n // factor`` of the ``n`` results of its rung so far; whenever a worker is
 free the engine promotes the best promotable result of the highest rung that has one, before it asks anything new
 (ASHA's rule: no barrier, no rung waits to fill). Its continuation trains the same network from its checkpoint to
@@ -17,10 +21,12 @@ that moves up later is not promoted: it would have to train again from its start
 from __future__ import annotations
 
 import heapq
+import math
 from typing import Any, Iterable
 
-__all__ = ["Rung", "Rungs", "SPARE", "rung_ends"]
+__all__ = ["COOLDOWN", "Rung", "Rungs", "SPARE", "cooldowns", "rung_ends"]
 
+COOLDOWN = 0.25  # the share of a rung's epochs (those past the rung below) whose learning rate decays to zero
 SPARE = 4  # checkpoints kept below each rung's top share, for the results that move up into it as it grows
 
 
@@ -99,6 +105,12 @@ class Rung:
 def rung_ends(epochs: int, factor: int, rungs: int) -> tuple[int, ...]:
     """The epoch each rung ends at: the first after `epochs`, each later one `factor` times as long in all."""
     return tuple(epochs * factor ** k for k in range(rungs))
+
+
+def cooldowns(ends: tuple[int, ...]) -> tuple[int, ...]:
+    """The epoch after which each rung's learning rate decays (its checkpoint's): the last ``COOLDOWN`` of the epochs
+    it adds to the rung below, at least one, so that a rung of 6 epochs decays over 2, the next of 18 over 3."""
+    return tuple(end - max(1, math.ceil(COOLDOWN * (end - before))) for before, end in zip((0, *ends), ends))
 
 
 class Rungs:

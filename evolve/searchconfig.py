@@ -38,9 +38,9 @@ class EvolutionConfig(Table):
     fewer parameters win (single objective; several weigh ``params`` as an objective instead).
     ``rungs``, ``reduction_factor``: multi-fidelity (evolve/rungs.py). Every candidate trains ``[train] epochs``
     first; the best 1/``reduction_factor`` of those go on from their checkpoints to ``reduction_factor`` times as
-    many epochs in all, and so on up to ``rungs`` rungs, on one learning rate schedule; tournaments prefer parents
-    from higher rungs, and the run's best network is the best of the highest rung reached. 1: every candidate
-    trains ``[train] epochs`` once.
+    many epochs in all, and so on up to ``rungs`` rungs, on one warm-up, stable, decay schedule whose rate decays
+    to zero at the end of each rung; tournaments prefer parents from higher rungs, and the run's best network is
+    the best by validation score of any rung. 1: every candidate trains ``[train] epochs`` once, on one cycle.
     """
 
     section = "evolution"

@@ -88,18 +88,20 @@ class TrainTask:
     inherit: str | None = None  # a parent's weights file to start from where the layers match; None: fresh
     data: DataAccess | None = None  # how the training split is read (streamed, or batch by batch to a GPU)
     drawn: Drawn | None = None  # a genome its worker draws (evolve/drawn.py)
-    # Training in parts (a rung of a multi-fidelity search), evolve/checkpoint.py. None, None, None: all at once.
+    # Training in parts (a rung of a multi-fidelity search), evolve/checkpoint.py. All None: all at once.
     until: int | None = None  # the last epoch this task trains (the schedule spans all epochs still); None: all
     resume: str | None = None  # a checkpoint to go on from, at its next epoch (no parent inherited then)
-    checkpoint: str | None = None  # where the whole training state goes once `until` is reached; None: nowhere
+    checkpoint: str | None = None  # where the whole training state goes at `cooldown`'s epoch; None: nowhere
+    cooldown: int | None = None  # the epoch after which the learning rate decays to zero by `until` (evolve/rungs.py:
+    # warm-up, stable, decay); None: the one-cycle schedule over all epochs
 
     def __reduce__(self):
         # Pickled for every task rank 0 sends: the genome goes as its canonical JSON (made once, for its key), and
         # what every task of a run shares as bytes pickled once. Pickled whole, a task cost rank 0 19 us, the most
         # of any one step per task at whole-machine scale (bench/scale.py). A draw goes as its id. Training in
-        # parts adds its three fields, and only where a task has one.
-        parts = (self.until, self.resume, self.checkpoint)
-        parts = parts if parts != (None, None, None) else ()
+        # parts adds its four fields, and only where a task has one.
+        parts = (self.until, self.resume, self.checkpoint, self.cooldown)
+        parts = parts if parts != (None, None, None, None) else ()
         if self.genome is None:
             d = self.drawn
             return _unpickle_drawn, (d.cid, _shared_bytes(self.problem, self.train, self.data, d.space, d.seed),

@@ -85,18 +85,32 @@ def _prepared_model(genome: Genome, problem: Problem, config: TrainConfig, devic
 
 
 def _schedule(genome: Genome, config: TrainConfig, opt: torch.optim.Optimizer, rows: int, inherited: float | None,
-              resumed: dict | None = None) -> tuple[int, int, int, torch.optim.lr_scheduler.OneCycleLR]:
-    """How long the candidate trains: (training rows per epoch, epochs, steps, the one-cycle learning rate over
-    them). A network that inherited most of its weights may train fewer epochs (`inherited_epochs`); a resumed one
-    keeps the epochs of its first task (its checkpoint's), so that its schedule goes on, never restarts."""
+              resumed: dict | None = None, cooldown: int | None = None, until: int | None = None
+              ) -> tuple[int, int, int, torch.optim.lr_scheduler.LRScheduler]:
+    """How long the candidate trains: (training rows per epoch, epochs, steps, the learning rate over them). A network
+    that inherited most of its weights may train fewer epochs (`inherited_epochs`); a resumed one keeps the epochs of
+    its first task (its checkpoint's), so that its schedule goes on, never restarts. The learning rate is one cycle
+    over all epochs, or with `cooldown` (a rung of a multi-fidelity search) warm-up, stable, decay: it rises over the
+    warm-up, stays at the genome's, and decays to zero from the end of epoch `cooldown` to the end of `until`."""
     n = rows if not config.max_train_samples else min(rows, config.max_train_samples)
     epochs = config.inherited_epochs if inherited is not None and inherited >= 0.5 and config.inherited_epochs \
         else config.epochs
     if resumed is not None:
         epochs = resumed["epochs"]
-    steps = max(1, n // genome.batch_size) * epochs
-    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=genome.lr, total_steps=steps, pct_start=config.warmup)
-    return n, epochs, steps, sched
+    if cooldown is None:
+        steps = max(1, n // genome.batch_size) * epochs
+        return n, epochs, steps, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=genome.lr, total_steps=steps,
+                                                                     pct_start=config.warmup)
+    per_epoch = n // genome.batch_size + (n % genome.batch_size >= 2)  # epoch_batches' batches: none of one row
+    steps = max(1, per_epoch) * epochs
+    warm, decay, end = max(1, round(config.warmup * steps)), cooldown * per_epoch, (until or epochs) * per_epoch
+
+    def factor(step: int) -> float:
+        if step >= decay:
+            return 0.5 * (1 + math.cos(math.pi * min(1.0, (step - decay + 0.5) / max(1, end - decay))))
+        return min(1.0, (1 + step) / warm)
+
+    return n, epochs, steps, torch.optim.lr_scheduler.LambdaLR(opt, factor)
 
 
 def _loss_function(genome: Genome, problem: Problem, model: torch.nn.Module, ytr: torch.Tensor,
@@ -190,15 +204,18 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                     config: TrainConfig, *, device: str | torch.device = "cpu", seed: int = 0,
                     report: Callable[[dict], None] | None = None, stats: dict | None = None,
                     parent: dict | None = None, counts: torch.Tensor | None = None, until: int | None = None,
-                    resume: str | Path | None = None, checkpoint: str | Path | None = None) -> tuple[dict, dict]:
+                    resume: str | Path | None = None, checkpoint: str | Path | None = None,
+                    cooldown: int | None = None) -> tuple[dict, dict]:
     """Train `genome` on data['train'], score it on data['val'] after every epoch; keep the best epoch.
 
     Returns (summary, state_dict of the best epoch). `report` gets each epoch's metrics (it may raise to stop).
     `parent`: a parent's state_dict, inherited where the layers match (evolve/inherit.py). `counts`: the
     training split's pixels per class (segmentation's weighted_ce; counted here when not given). `until`: the last
-    epoch to train (None: all; the schedule spans all of them still). `checkpoint`: where the whole training state
-    goes once `until` is reached; `resume`: such a file (evolve/checkpoint.py) to go on from, at its next epoch, with
-    its schedule and best epoch so far (a parent is inherited only at a fresh start).
+    epoch to train (None: all; the schedule spans all of them still). `cooldown`: the epoch after which the learning
+    rate decays to zero by `until` (a rung of evolve/rungs.py; None: one cycle over all epochs). `checkpoint`: where
+    the whole training state goes at the end of epoch `cooldown` (of `until` without one; a stopped training leaves
+    none); `resume`: such a file (evolve/checkpoint.py) to go on from, at its next epoch, with its schedule and best
+    epoch so far (a parent is inherited only at a fresh start).
     """
     device, group = torch.device(device), Group.current()  # group: the processes it is spread over (run.spread)
     torch.manual_seed(seed)
@@ -214,12 +231,19 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
     params = list(model.parameters())  # once: walking the modules was a quarter of the clipping's host time per step
     opt = _optimizer(genome, params, device)
-    n, epochs, steps, sched = _schedule(genome, config, opt, xtr.shape[0], inherited, resumed)
+    n, epochs, steps, sched = _schedule(genome, config, opt, xtr.shape[0], inherited, resumed, cooldown, until)
     gen = torch.Generator(device="cpu").manual_seed(seed)
     loss_of = _loss_function(genome, problem, model, ytr, counts)
     start, best, best_state, inherited = (0, None, {}, inherited) if resumed is None else \
         restore(resumed, resume, model, opt, sched, scaler, gen, steps)
+    if resumed is not None and isinstance(sched, torch.optim.lr_scheduler.LambdaLR):  # the rate this task's decay
+        for params_group, base, factor in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):  # sets, not the
+            params_group["lr"] = base * factor(sched.last_epoch)  # decay its checkpoint had begun
     last = _last_epoch(start, epochs, until, resume)
+    if cooldown is not None and not start < cooldown < last:
+        raise ValueError(f"cooldown = {cooldown}: not between the epoch this task starts after ({start}) and its last "
+                         f"({last})")
+    at, saved = last if cooldown is None else cooldown, False  # the epoch whose state is the checkpoint
     t0 = time.perf_counter()
     # the batch loop stays here: `finally` drops what holds the CUDA graphs, which a helper's frame would keep
     try:
@@ -251,6 +275,14 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                 best, best_state = dict(metrics), {k: v.detach().clone(memory_format=torch.contiguous_format)
                                                    for k, v in model.state_dict().items()}  # to the CPU at the end
             group.report(report, metrics)
+            if checkpoint is not None and epoch == at and group.leader:
+                save_checkpoint(checkpoint, training_state(epoch, epochs, steps, model, opt, sched, scaler, gen, best,
+                                                           best_state, inherited))
+                saved = True
+    except BaseException:
+        if saved:  # stopped in its decay (pruned, timed out): no promotion follows
+            Path(checkpoint).unlink(missing_ok=True)
+        raise
     finally:
         if captured:  # the graphs and their memory pool sit in reference cycles (a class made per capture), which
             fast = out = loss = None  # only a collection frees, once nothing holds them: now, finished or not
@@ -258,9 +290,6 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
             # and cuBLAS keeps a workspace per stream, the capture's from the graphs' pool, which it would hold for
             # good: dropped, as torch's own CUDA graph trees do (torch/_inductor/cudagraph_trees.py)
             getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
-    if checkpoint is not None and group.leader:  # a stopped candidate raised before: it leaves none
-        save_checkpoint(checkpoint, training_state(last, epochs, steps, model, opt, sched, scaler, gen, best,
-                                                   best_state, inherited))
     summary = _summary(best, epochs, last if until is not None or resumed is not None else None,
                        time.perf_counter() - t0, params,
                        latency_ms(model, xva, device, autocast),
@@ -356,7 +385,7 @@ def train_task(task: TrainTask, ctx: Any) -> dict:
     summary, state = train_candidate(task.genome, task.problem, data, task.train, device=ctx.device, seed=task.seed,
                                      report=ctx.report, stats=ctx.cache[key], counts=counts, until=task.until,
                                      parent=_parent(task.inherit) if task.resume is None else None,  # fresh only
-                                     resume=task.resume, checkpoint=task.checkpoint)
+                                     resume=task.resume, checkpoint=task.checkpoint, cooldown=task.cooldown)
     if task.save and Group.current().leader:  # spread: the group's leader writes the weights
         save_weights(state, task.save)
     return {"fitness": summary.pop("fitness"), "metrics": summary}

@@ -183,6 +183,10 @@ class Config:
             raise ConfigError(f"evolution.rungs = {config.evolution.rungs} with train.inherited_epochs = "
                               f"{config.train.inherited_epochs}: a network trained in rungs follows one schedule; "
                               "set train.inherited_epochs = 0")
+        if config.evolution.rungs > 1 and config.train.epochs < 2:
+            raise ConfigError(f"evolution.rungs = {config.evolution.rungs} with train.epochs = 1: a rung's learning "
+                              "rate decays over its last epochs after at least one at the stable rate; set "
+                              "train.epochs = 2 or more")
         return config
 
     def to_dict(self) -> dict:

@@ -89,6 +89,57 @@ def test_the_learning_rate_schedule_goes_on_after_resuming(tmp_path):
     assert one_cycle_lr(total, total - 1) < later < mid < one_cycle_lr(total, STEPS_PER_EPOCH)  # down the cycle
 
 
+def test_a_rung_decays_to_zero_and_its_promotion_goes_on_from_before_the_decay(tmp_path):
+    """Warm-up, stable, decay (`cooldown`, evolve/rungs.py): a rung's rate rises, stays at the genome's and decays to
+    zero by its last epoch; its checkpoint is the state where the decay starts, and a promotion from it trains as the
+    network would have trained to the next rung in one go. A training stopped in its decay leaves no checkpoint."""
+    from galapagos.evolve.train import _schedule
+
+    g, config = genome(LAYERS, lr=1e-2), TrainConfig(epochs=8, warmup=0.05)
+    opt = torch.optim.SGD([torch.zeros(1, requires_grad=True)], lr=1e-2)
+    *_, sched = _schedule(g, config, opt, 192, None, cooldown=1, until=2)
+    rates = []
+    for _ in range(2 * STEPS_PER_EPOCH):
+        rates.append(opt.param_groups[0]["lr"])
+        opt.step()
+        sched.step()
+    warm = round(0.05 * 8 * STEPS_PER_EPOCH)  # 2 steps
+    assert rates[0] < rates[warm - 1] == rates[STEPS_PER_EPOCH - 1] == pytest.approx(1e-2)
+    decay = rates[STEPS_PER_EPOCH:]
+    assert all(a > b for a, b in zip(decay, decay[1:])) and decay[-1] < 1e-2 / 20
+
+    def run(**kw):
+        reports: list[dict] = []
+        summary, state = train_candidate(g, Problem(SHAPE, "classification", 3), DATA, config, seed=5,
+                                         report=reports.append, **kw)
+        return reports, summary, state
+
+    rung0, summary0, _ = run(until=2, cooldown=1, checkpoint=tmp_path / "0.pt")
+    state = load_checkpoint(tmp_path / "0.pt")
+    assert [r["epoch"] for r in rung0] == [1, 2] and state["epoch"] == 1
+    assert state["scheduler"]["last_epoch"] == STEPS_PER_EPOCH  # where the decay starts
+    assert summary0["epochs_trained"] == 2
+    promoted, summary1, best1 = run(resume=tmp_path / "0.pt", until=8, cooldown=6, checkpoint=tmp_path / "1.pt")
+    whole, whole_summary, whole_best = run(until=8, cooldown=6)
+    assert [r["epoch"] for r in promoted] == list(range(2, 9))
+    for one, part in zip(whole[1:], promoted):
+        same_numbers(part, one)
+    same_numbers(best1, whole_best)
+    assert summary1["fitness"] == whole_summary["fitness"] and load_checkpoint(tmp_path / "1.pt")["epoch"] == 6
+
+    def stop_in_decay(metrics):
+        if metrics["epoch"] == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train_candidate(g, Problem(SHAPE, "classification", 3), DATA, config, seed=5, report=stop_in_decay, until=2,
+                        cooldown=1, checkpoint=tmp_path / "stopped.pt")
+    assert not (tmp_path / "stopped.pt").exists()
+    for cooldown in (2, 0):
+        with pytest.raises(ValueError, match=f"cooldown = {cooldown}: not between"):
+            run(until=2, cooldown=cooldown)
+
+
 def test_a_missing_or_garbled_checkpoint_is_an_error_naming_the_file(tmp_path):
     g = genome(LAYERS, lr=1e-2)
     missing = tmp_path / "gone.pt"

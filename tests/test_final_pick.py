@@ -1,5 +1,5 @@
 """The final pick (`[train] holdout`, galapagos/flows/final_pick.py): trainings score on the validation rows not held
-back, rank 0 re-scores the best networks of the highest rung on the held-back rows at the end of the job, and the
+back, rank 0 re-scores the best networks (of any rung) on the held-back rows at the end of the job, and the
 best there becomes best/ and the summary's best. Real MPI ranks, training and files."""
 from __future__ import annotations
 
@@ -55,8 +55,9 @@ def test_the_run_picks_its_best_on_the_rows_no_training_saw(tmp_path):
     pick = summary["final_pick"]
     scored = pick["scored"]
     by_id = {r["id"]: r for r in journal(out)}
-    top_rung = max(r["rung"] for r in by_id.values() if r["status"] == "ok")
-    assert 1 <= len(scored) <= 5 and all(by_id[s["id"]]["rung"] == top_rung for s in scored)
+    keys = {by_id[s["id"]]["key"] for s in scored}
+    others = [r["fitness"] for r in by_id.values() if r["status"] == "ok" and r["key"] not in keys]
+    assert 1 <= len(scored) <= 5 and min(s["fitness"] for s in scored) >= max(others, default=0)  # of any rung
     assert [s["fitness"] for s in scored] == sorted((s["fitness"] for s in scored), reverse=True)
     assert len({by_id[s["id"]]["key"] for s in scored}) == len(scored)  # one per network
     assert pick["id"] == max(scored, key=lambda s: s["holdout_score"])["id"]  # the first such: the better by val

@@ -22,7 +22,7 @@ from galapagos.evolve.genome import Genome
 from galapagos.evolve.netdir import NetworkDir
 from galapagos.evolve.pareto import OBJECTIVES, Front, objective_values
 from galapagos.evolve.problem import Problem
-from galapagos.evolve.rungs import rung_ends
+from galapagos.evolve.rungs import cooldowns, rung_ends
 from galapagos.evolve.task import TrainTask
 from galapagos.flows.sources import JournalSource
 from galapagos.launch.protocol import Result, Status, Task
@@ -59,11 +59,12 @@ class EvolutionSource(JournalSource):
         # ahead of any fresh network, which would be pruned against it.
         self.by_epoch: dict[tuple[bool, int], Median] = defaultdict(Median)
         self.best: JournalRecord | None = None
-        self.top: list[tuple[int, float, int]] = []  # (-rung, -fitness, id) of the best evaluations: their weights
-        # are kept
+        self.top: list[tuple[float, int]] = []  # (-fitness, id) of the best evaluations: their weights are kept
         ev = config.evolution
-        # multi-fidelity (evolve/rungs.py): each rung's last epoch, the schedule of all of them; their checkpoints
+        # multi-fidelity (evolve/rungs.py): each rung's last epoch and the one its decay starts after, the schedule
+        # of all of them; their checkpoints
         self.ends = rung_ends(config.train.epochs, ev.reduction_factor, ev.rungs)
+        self.cools = cooldowns(self.ends)
         self.train = replace(config.train, epochs=self.ends[-1], warmup=config.train.warmup * self.ends[0] /
                              self.ends[-1]) if ev.rungs > 1 else config.train
         self.released: list[int] = []  # checkpoints no promotion needs, dropped at the next sweep
@@ -140,13 +141,15 @@ class EvolutionSource(JournalSource):
 
     def _parts(self, cid: int, what: dict) -> dict:
         """Multi-fidelity: a task trains to its rung's end, from its parent's checkpoint if it was promoted, and
-        leaves its own for a promotion unless it reached the last rung."""
+        leaves its own (its state where its learning rate starts to decay) for a promotion unless it reached the last
+        rung."""
         if "rung" not in what:
             return {}
         rung = what["rung"]
         return {"until": self.ends[rung],
                 "resume": self.run.checkpoint_path(what["parents"][0]) if what["origin"] == "promoted" else None,
-                "checkpoint": self.run.checkpoint_path(cid) if rung < len(self.ends) - 1 else None}
+                "checkpoint": self.run.checkpoint_path(cid) if rung < len(self.ends) - 1 else None,
+                "cooldown": self.cools[rung]}
 
     def finished(self) -> bool:
         return not self.again and (bool(self.exhausted) or (self.budget is not None and self.done >= self.budget))
@@ -173,6 +176,8 @@ class EvolutionSource(JournalSource):
             self.released += self.engine.released()
             if record.origin == "promoted":  # the checkpoint it went on from is used up
                 self.released.append(record.parents[0])
+            if record.status != Status.OK:  # one a trainer killed in its decay may have left
+                self.released.append(record.id)
         if self.tracker is not None:
             self.tracker.log(record)
         if self._learn(record):
@@ -215,12 +220,12 @@ class EvolutionSource(JournalSource):
         if not rung:  # a promotion's curve starts where its rung does: not pruned, not compared
             for epoch in range(1, len(curve) + 1):
                 self.by_epoch[inherited, epoch].add(max(curve[:epoch]))
-        bisect.insort(self.top, (-rung, -record.fitness, record.id))
+        bisect.insort(self.top, (-record.fitness, record.id))
         del self.top[self.config.run.keep_models:]
         self.held.add(record.id)
         if live and time.monotonic() - self.swept >= SWEEP_EVERY:
             self.sweep()
-        if self.best is None or record.standing > self.best.standing:
+        if self.best is None or record.fitness > self.best.fitness:
             self.best = record
             return True
         return False

@@ -3,8 +3,8 @@ scored again on the validation rows that no training saw (`[train] holdout`), an
 
 Hundreds of close relatives scored on one validation split make the best of them an optimistic pick (its own best
 epoch chosen on it too): a fresh split ranks the few best without that bias. The candidates are the best
-`run.keep_models` distinct networks of the highest rung reached (every candidate's, without rungs) whose weights the
-run kept.
+`run.keep_models` distinct networks whose weights the run kept, of any rung (a rung's score is a finished training's:
+evolve/rungs.py).
 """
 from __future__ import annotations
 
@@ -30,11 +30,10 @@ __all__ = ["final_pick"]
 log = logging.getLogger(__name__)
 
 def candidates(run: RunDir, records: list[JournalRecord], pick: int) -> list[JournalRecord]:
-    """The best `pick` distinct networks of the highest rung reached whose weights are in models/, best first."""
+    """The best `pick` distinct networks whose weights are in models/, best first."""
     ok = [r for r in records if r.status == Status.OK and r.fitness is not None]
-    rung = max((r.rung or 0 for r in ok), default=0)
     out, keys = [], set()
-    for r in sorted((r for r in ok if (r.rung or 0) == rung), key=lambda r: r.standing, reverse=True):
+    for r in sorted(ok, key=lambda r: r.fitness, reverse=True):
         if r.key not in keys and os.path.exists(run.model_path(r.id)):
             keys.add(r.key)
             out.append(r)

@@ -16,7 +16,7 @@ def seed_genomes(source: str, limit: int) -> list[Genome]:
     path, run = Path(source), RunDir(source)
     if run.journal.exists():
         ranked = sorted((r for r in run.read_journal() if r.status == "ok" and r.fitness is not None),
-                        key=lambda r: r.standing, reverse=True)
+                        key=lambda r: r.fitness, reverse=True)
         keys, raw = set(), []
         for r in ranked:
             if r.key not in keys and len(raw) < limit:

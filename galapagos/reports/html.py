@@ -142,7 +142,7 @@ def genealogy(evals: list[dict], depth: int = 8, width: int = 16) -> dict:
     ok = [e for e in evals if e["status"] == "ok" and e["fitness"] is not None]
     if not ok:
         return {"nodes": [], "edges": []}
-    best = max(ok, key=lambda e: (e.get("rung") or 0, e["fitness"]))  # JournalRecord.standing
+    best = max(ok, key=lambda e: e["fitness"])
     rows, edges, seen = [[best["id"]]], [], {best["id"]}
     while len(rows) < depth and rows[-1]:
         nxt = []

@@ -19,7 +19,7 @@ def summarize(records: Iterable[JournalRecord], *, population_size: int, workers
               wall_seconds: float | None = None, busy_seconds: float | None = None, slots: int | None = None,
               picked: int | None = None) -> dict:
     """Evaluations by status, the best network (the evaluation `picked` where the run made a final pick, else the
-    best by JournalRecord.standing), how it compares with the initial population, utilisation. One pass over
+    best by validation score), how it compares with the initial population, utilisation. One pass over
     `records`, holding none of them but the best (the master passes the journal as it reads it back)."""
     by_status, count, succeeded, best, initial = Counter(), 0, 0, None, []
     for r in records:
@@ -28,7 +28,7 @@ def summarize(records: Iterable[JournalRecord], *, population_size: int, workers
         if r.fitness is None or r.status != Status.OK:
             continue
         succeeded += 1
-        if (r.id == picked) if picked is not None else (best is None or r.standing > best.standing):
+        if (r.id == picked) if picked is not None else (best is None or r.fitness > best.fitness):
             best = r
         if r.id < population_size:
             initial.append(r.fitness)
@@ -169,7 +169,7 @@ def run_report(path: str | Path, top: int = 5) -> dict:
         saved = json.loads(run.summary.read_text())
         summary.update({k: v for k, v in saved.items() if k in ("workers", "slots", "wall_seconds",
                                                                     "worker_utilization", "search_seconds")})
-    best = sorted((r for r in records if r.fitness is not None), key=lambda r: r.standing, reverse=True)[:top]
+    best = sorted((r for r in records if r.fitness is not None), key=lambda r: r.fitness, reverse=True)[:top]
     summary["top"] = [{"id": r.id, "fitness": r.fitness, "status": r.status, "genome": g.to_json(),
                        "network": g.describe()} for r in best for g in [Genome.from_json(r.genome)]]
     if (front := run.read_front()) is not None:

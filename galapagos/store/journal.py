@@ -56,12 +56,6 @@ class JournalRecord(NamedTuple):
             raise TypeError(f"expected a JSON object, got {type(d).__name__}")
         return cls(**{k: d[k] for k in cls._fields if k in d})
 
-    @property
-    def standing(self) -> tuple[int, float]:
-        """What ranks finished evaluations: the rung, then the fitness (a multi-fidelity run's best network is the
-        best of the highest rung reached, evolve/rungs.py); the fitness alone without rungs."""
-        return self.rung or 0, self.fitness
-
     def replace(self, **changes: Any) -> JournalRecord:
         """The same record with `changes`."""
         return self._replace(**changes)
