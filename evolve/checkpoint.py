@@ -96,6 +96,9 @@ def restore(state: dict, path: str | Path, model: torch.nn.Module, opt: torch.op
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         sched.load_state_dict(state["scheduler"])
+        if isinstance(sched, torch.optim.lr_scheduler.LambdaLR):  # a rate that is a function of the step: this
+            for group, base, factor in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):  # task's function's
+                group["lr"] = base * factor(sched.last_epoch)  # (a rung's decay), not the one the checkpoint began
         if scaler is not None and state["scaler"] is not None:
             scaler.load_state_dict(state["scaler"])
         gen.set_state(state["generator"])

@@ -191,13 +191,23 @@ def _summary(best: dict, epochs: int, trained: int | None, seconds: float, param
             **notes}
 
 
-def _last_epoch(start: int, epochs: int, until: int | None, resume: str | Path | None) -> int:
-    """The epoch this task trains to: `until`, within the schedule's epochs, and past the checkpoint's `start`."""
+def _copied(model: torch.nn.Module) -> dict:
+    """The best epoch's weights, copied on the device (no wait; to the CPU at the end)."""
+    return {k: v.detach().clone(memory_format=torch.contiguous_format) for k, v in model.state_dict().items()}
+
+
+def _last_epoch(start: int, epochs: int, until: int | None, resume: str | Path | None,
+                cooldown: int | None) -> tuple[int, int]:
+    """The epoch this task trains to (`until`, within the schedule's epochs, and past the checkpoint's `start`) and
+    the one whose state is its checkpoint: `cooldown`, after which its decay starts, between the two, or the last."""
     last = epochs if until is None else min(until, epochs)
     if last <= start:
         where = f" (resumed from {resume} at epoch {start} of {epochs})" if resume is not None else ""
         raise ValueError(f"nothing to train: until = {until}{where}")
-    return last
+    if cooldown is not None and not start < cooldown < last:
+        raise ValueError(f"cooldown = {cooldown}: not between the epoch this task starts after ({start}) and its last "
+                         f"({last})")
+    return last, last if cooldown is None else cooldown
 
 
 def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torch.Tensor, torch.Tensor]],
@@ -213,9 +223,9 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     training split's pixels per class (segmentation's weighted_ce; counted here when not given). `until`: the last
     epoch to train (None: all; the schedule spans all of them still). `cooldown`: the epoch after which the learning
     rate decays to zero by `until` (a rung of evolve/rungs.py; None: one cycle over all epochs). `checkpoint`: where
-    the whole training state goes at the end of epoch `cooldown` (of `until` without one; a stopped training leaves
-    none); `resume`: such a file (evolve/checkpoint.py) to go on from, at its next epoch, with its schedule and best
-    epoch so far (a parent is inherited only at a fresh start).
+    the whole training state goes at the end of epoch `cooldown` (of `until` without one); `resume`: such a file
+    (evolve/checkpoint.py) to go on from, at its next epoch, with its schedule and best epoch so far (a parent is
+    inherited only at a fresh start).
     """
     device, group = torch.device(device), Group.current()  # group: the processes it is spread over (run.spread)
     torch.manual_seed(seed)
@@ -224,9 +234,8 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     xva, yva = (_on(device, a) for a in data["val"])
     model, compiled, inherited, fmt = _prepared_model(genome, problem, config, device, xtr, ytr, stats,
                                                       parent if resumed is None else None)
-    compile_seconds = None
     graphs = config.cuda_graphs and not config.compile and device.type == "cuda"  # captured at the first full batch
-    fast, captured = compiled, None  # what full batches take; whether the capture took (None: not tried yet)
+    fast, captured, compile_seconds = compiled, None, None  # full batches' module; the capture took? (None: untried)
     amp_dtype, autocast = autocast_for(device, config.mixed_precision)
     scaler = torch.amp.GradScaler(device.type) if amp_dtype == torch.float16 else None
     params = list(model.parameters())  # once: walking the modules was a quarter of the clipping's host time per step
@@ -236,14 +245,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     loss_of = _loss_function(genome, problem, model, ytr, counts)
     start, best, best_state, inherited = (0, None, {}, inherited) if resumed is None else \
         restore(resumed, resume, model, opt, sched, scaler, gen, steps)
-    if resumed is not None and isinstance(sched, torch.optim.lr_scheduler.LambdaLR):  # the rate this task's decay
-        for params_group, base, factor in zip(opt.param_groups, sched.base_lrs, sched.lr_lambdas):  # sets, not the
-            params_group["lr"] = base * factor(sched.last_epoch)  # decay its checkpoint had begun
-    last = _last_epoch(start, epochs, until, resume)
-    if cooldown is not None and not start < cooldown < last:
-        raise ValueError(f"cooldown = {cooldown}: not between the epoch this task starts after ({start}) and its last "
-                         f"({last})")
-    at, saved = last if cooldown is None else cooldown, False  # the epoch whose state is the checkpoint
+    last, at = _last_epoch(start, epochs, until, resume, cooldown)
     t0 = time.perf_counter()
     # the batch loop stays here: `finally` drops what holds the CUDA graphs, which a helper's frame would keep
     try:
@@ -271,18 +273,12 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                 if batches % FINITE_EVERY == 0:
                     _check_finite(group.sum(total), epoch, batches)
             metrics = _validated(model, (xva, yva), problem, config, autocast, group, epoch, total, batches)
-            if best is None or metrics["fitness"] > best["fitness"]:  # its weights copied on the device: no wait
-                best, best_state = dict(metrics), {k: v.detach().clone(memory_format=torch.contiguous_format)
-                                                   for k, v in model.state_dict().items()}  # to the CPU at the end
+            if best is None or metrics["fitness"] > best["fitness"]:
+                best, best_state = dict(metrics), _copied(model)
             group.report(report, metrics)
             if checkpoint is not None and epoch == at and group.leader:
                 save_checkpoint(checkpoint, training_state(epoch, epochs, steps, model, opt, sched, scaler, gen, best,
                                                            best_state, inherited))
-                saved = True
-    except BaseException:
-        if saved:  # stopped in its decay (pruned, timed out): no promotion follows
-            Path(checkpoint).unlink(missing_ok=True)
-        raise
     finally:
         if captured:  # the graphs and their memory pool sit in reference cycles (a class made per capture), which
             fast = out = loss = None  # only a collection frees, once nothing holds them: now, finished or not
@@ -291,8 +287,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
             # good: dropped, as torch's own CUDA graph trees do (torch/_inductor/cudagraph_trees.py)
             getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
     summary = _summary(best, epochs, last if until is not None or resumed is not None else None,
-                       time.perf_counter() - t0, params,
-                       latency_ms(model, xva, device, autocast),
+                       time.perf_counter() - t0, params, latency_ms(model, xva, device, autocast),
                        _how_trained(inherited, amp_dtype, fmt, compile_seconds, graphs, captured))
     return summary, {k: v.to("cpu") for k, v in best_state.items()}
 
