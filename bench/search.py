@@ -4,14 +4,16 @@
     python -m bench.search --datasets signals shapes cosmoflow tabular --seeds 0 1 2 --minutes 1.5 --workers 2
     python -m bench.search --contestants evolution expert ...   # a part of the field
 
-Nine contestants search the same space for the same data, one after another on the same cores, and an expert
+Eleven contestants search the same space for the same data, one after another on the same cores, and an expert
 trains a hand-written network there (bench/PROTOCOL.md says which answer what):
 - `evolution`, `random`: `galapagos evolve --strategy evolution|random --workers W --budget-minutes M`;
   `evolution-no-priors` the same with `evolution.priors = false` (the algorithm's share without the priors'),
   `evolution-rungs` with `evolution.rungs = 2` (multi-fidelity, evolve/rungs.py: the best third of the candidates
   trained on to three times the epochs), `evolution-surrogate` with `evolution.surrogate = 8` (evolve/surrogate.py:
   of 8 children bred per ask, the one a model of the results predicts best), `evolution-holdout` with
-  `train.holdout = 0.5` (galapagos/flows/final_pick.py: the best networks re-scored on half the validation rows);
+  `train.holdout = 0.5` (galapagos/flows/final_pick.py: the best networks re-scored on half the validation rows),
+  `evolution-cost` with `evolution.cost_aware = true` (at a fitness within `cost_tolerance` of a tournament's
+  fittest, fewer parameters win);
 - `tpe`, `optuna-random`: W processes sharing one Optuna study (a journal file), TPESampler or RandomSampler
   seeded by 1000 * seed + process, MedianPruner with the config's `run.prune_after` and `run.prune_min_results`;
   `tpe-best` is TPE at its best: multivariate, constant liar, HyperbandPruner, warm-started with evolution's prior
@@ -100,16 +102,17 @@ DATASETS = {  # name -> (generator, its arguments, its configs in CONFIGS): each
 }
 HELD_OUT = ("spectra", "fields")  # the protocol's evidence (bench/PROTOCOL.md); the others were tuned on
 CONTESTANTS = ("evolution", "evolution-no-priors", "evolution-rungs", "evolution-surrogate", "evolution-holdout",
-               "random", "tpe", "tpe-best", "optuna-random", "expert")
+               "evolution-cost", "random", "tpe", "tpe-best", "optuna-random", "expert")
 VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, and the settings they add
     "evolution": ("evolution", []), "random": ("random", []),
     "evolution-no-priors": ("evolution", ["evolution.priors=false"]),  # the algorithm's share without the priors'
     "evolution-rungs": ("evolution", ["evolution.rungs=2"]),  # multi-fidelity: the best third trained 3x as long
     "evolution-surrogate": ("evolution", ["evolution.surrogate=8"]),  # the best predicted of 8 children asked
     "evolution-holdout": ("evolution", ["train.holdout=0.5"]),  # the final pick on half the validation rows
+    "evolution-cost": ("evolution", ["evolution.cost_aware=true"]),  # at nearly equal fitness the smaller network
 }
 PAIRED = (("evolution", "tpe-best"), ("evolution", "tpe"), ("evolution-rungs", "evolution"),  # tested, a minus b
-          ("evolution-surrogate", "evolution"), ("evolution-holdout", "evolution"))
+          ("evolution-surrogate", "evolution"), ("evolution-holdout", "evolution"), ("evolution-cost", "evolution"))
 EXPERT_TIME_USED = 0.85  # of the time left that the expert's longer training is planned to take (a margin for noise)
 CONFIGS = Path(__file__).parent / "search_configs"
 
@@ -242,6 +245,20 @@ def table(rows: list[dict], datasets: list[str], contestants: list[str]) -> str:
     return "\n".join(lines + [""] + verdicts + [""] + paired)
 
 
+def code_version() -> str | None:
+    """The commit the runs are made with (bench/PROTOCOL.md: results cite it), "+" if the tree differs from it;
+    None outside a git checkout."""
+    root = Path(__file__).resolve().parent.parent
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+" if dirty else "")
+
+
 def saved_rows(path: Path | None, args: argparse.Namespace) -> list[dict]:
     """The rows of `path` (bench/search.py's JSON lines) of the runs `args` asks for, made with its settings: a
     row carries its minutes, workers and space, and a file of other settings is refused."""
@@ -283,6 +300,7 @@ def main(argv: list[str] | None = None) -> None:
     cores = args.cores or sorted(os.sched_getaffinity(0))[:args.workers]
     os.sched_setaffinity(0, cores)  # every contestant's processes inherit it
     rows = saved_rows(args.results, args)
+    commit = code_version()
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=args.keep is None)
@@ -313,7 +331,8 @@ def main(argv: list[str] | None = None) -> None:
                     row = {"dataset": name, "contestant": contestant, "seed": seed, "minutes": args.minutes,
                            "workers": args.workers, "default_space": args.default_space,
                            "test": None if model is None else round(test_score(model, data), 4),
-                           "val": None if val is None else round(val, 4), **r, "wall_s": round(wall, 1)}
+                           "val": None if val is None else round(val, 4), **r, "wall_s": round(wall, 1),
+                           "commit": commit}
                     rows.append(row)
                     print(json.dumps(row), flush=True)
                     if args.results:

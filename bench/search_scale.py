@@ -9,9 +9,9 @@ clock; simulated worker ranks) with one change: a worker's task ends as the land
 (sent as in a real job) gives its *true score* after `[train] epochs` and its training seconds (times
 `--time-scale`: the landscape's networks trained in seconds on a core; scaled, a job holds the rounds of a
 longer training); a child that inherited weights adds the landscape's `inherit_bonus`; a promotion (the network it
-continues, inheritance included) has its error (1 - score) times `rung_shrink` per rung, and trains the rung's
-extra epochs at the same rate. A first training in rungs scores as one of `[train] epochs` does, though its
-schedule runs on (the pilot in bench/RESULTS.md saw no gain from rungs; this leans their way). What the
+continues, inheritance included) has its error (1 - score) times `rung_shrink` per rung, and trains from where its
+parent's decay began to its rung's end at the same rate per epoch. A first training in rungs scores as one of
+`[train] epochs` does (its rate decays to zero at its end as the one cycle's does). What the
 master sees is the true score plus the binomial noise of the landscape's validation rows, and per epoch a curve
 rising to it with noise of its own (so that median pruning judges as on real curves; a promotion is not judged).
 
@@ -29,19 +29,21 @@ import pickle
 import random
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 from bench.landscape import Landscape
 from bench.scale import SimComm, _WorkerUnpickler, in_fresh_process, one
 from galapagos.evolve.check import count_params
 from galapagos.evolve.genome import Genome
 from galapagos.evolve.problem import Problem
-from galapagos.evolve.rungs import rung_ends
+from galapagos.evolve.rungs import cooldowns, rung_ends
 from galapagos.launch.protocol import Progress, Result, Status, Task
 
 LANDSCAPES = Path(__file__).parent / "landscapes"
 CONTESTANTS = {"evolution": ["evolution.strategy=evolution"],
                "evolution-rungs": ["evolution.strategy=evolution", "evolution.rungs=2"],
                "evolution-surrogate": ["evolution.strategy=evolution", "evolution.surrogate=8"],
+               "evolution-holdout": ["evolution.strategy=evolution", "train.holdout=0.5"],
                "random": ["evolution.strategy=random"]}
 PROBLEM = Problem((1, 128), "classification", 10)  # the signals' (examples/signals.py), the landscape's data
 EPOCHS = 6  # [train] epochs, the landscape's first training
@@ -68,6 +70,7 @@ class LandscapeComm(SimComm):
     land: Landscape
     time_scale = 10.0
     ends: tuple[int, ...] = (EPOCHS,)
+    holdout = 0.0  # [train] holdout: the share of the landscape's validation rows the searches never score on
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -86,6 +89,10 @@ class LandscapeComm(SimComm):
             self.genomes[text] = (*self.land.value(g, params), params)
         return self.genomes[text][:2]
 
+    def scored(self, true: float, rows: float) -> float:
+        """A network's score on `rows` validation rows: its true score with their binomial noise."""
+        return min(1.0, max(0.0, self.noise.gauss(true, math.sqrt(max(true * (1 - true), 1e-4) / rows))))
+
     def _run(self, task: Task, rank: int, now: float) -> None:
         p = task.payload
         start = max(now, self.free_at[rank])
@@ -94,12 +101,11 @@ class LandscapeComm(SimComm):
         if p.inherit is not None:
             true = min(1.0, true + self.land.inherit_bonus)
         rung = self.ends.index(p.until) if p.until is not None else 0
-        first = self.ends[rung - 1] if p.resume is not None else 0
+        first = cooldowns(self.ends)[rung - 1] if p.resume is not None else 0  # where its parent's decay began
         last = self.ends[rung]
         if p.resume is not None:  # the same network trained on: its parent's score, one rung on
             true = 1 - (1 - self.true[int(Path(p.resume).stem)]) * self.land.rung_shrink
-        sd = math.sqrt(max(true * (1 - true), 1e-4) / self.land.val_rows)
-        seen = min(1.0, max(0.0, self.noise.gauss(true, sd)))
+        seen = self.scored(true, self.land.val_rows * (1 - self.holdout))
         per_epoch = seconds * self.time_scale / EPOCHS
         curve = [seen * (1 - 0.3 * 0.5 ** (e - 1)) + (self.noise.gauss(0, EPOCH_NOISE) if e < last else 0.0)
                  for e in range(first + 1, last + 1)]
@@ -121,12 +127,27 @@ class LandscapeComm(SimComm):
 
 def quality(comm: LandscapeComm, source, start: float, end: float) -> dict:
     """The true score of the run's best network (by validation, of any rung) at a quarter, half and
-    all of the time, and of the best network it evaluated."""
+    all of the time, and of the best network it evaluated. With `train.holdout`, the network is the final pick's as
+    if the job ended then (galapagos/flows/final_pick.py's rule: of the best `run.keep_models` distinct networks by
+    validation, the best on the held-back rows, each scored there once)."""
     records = [r for r in source.run.read_journal() if r.status == Status.OK and r.fitness is not None]
+    held: dict[int, float] = {}  # id -> its score on the held-back rows
+
+    def pick(done: list) -> Any:
+        ranked, keys = [], set()
+        for r in sorted(done, key=lambda r: r.fitness, reverse=True):
+            if r.key not in keys and len(ranked) < (source.config.run.keep_models if comm.holdout else 1):
+                keys.add(r.key)
+                ranked.append(r)
+        if not comm.holdout:
+            return ranked[0] if ranked else None
+        for r in ranked:
+            held.setdefault(r.id, comm.scored(comm.true[r.id], comm.land.val_rows * comm.holdout))
+        return max(ranked, key=lambda r: held[r.id], default=None)
+
     out = {}
     for share in (0.25, 0.5, 1.0):
-        done = [r for r in records if r.end <= start + share * (end - start)]
-        best = max(done, key=lambda r: r.fitness, default=None)
+        best = pick([r for r in records if r.end <= start + share * (end - start)])
         out[f"best_true_{share:g}"] = None if best is None else round(comm.true[best.id], 4)
     out["evaluated_true_max"] = round(max(comm.true[r.id] for r in records), 4) if records else None
     out["promoted"] = sum(r.origin == "promoted" for r in records)
@@ -138,6 +159,7 @@ def run_one(workers: int, contestant: str, minutes: float, time_scale: float, se
     LandscapeComm.time_scale = time_scale
     settings = [*CONTESTANTS[contestant], f"evolution.seed={seed}", f"run.seed={seed}"]
     LandscapeComm.ends = rung_ends(EPOCHS, 3, 2 if contestant == "evolution-rungs" else 1)
+    LandscapeComm.holdout = 0.5 if contestant == "evolution-holdout" else 0.0
     # bench.scale's median and sigma of task seconds are unused: the landscape times each network
     result = one(workers, minutes, 60.0, 0.6, comm_class=LandscapeComm, settings=tuple(settings),
                  problem=PROBLEM, seed=seed, report=quality)

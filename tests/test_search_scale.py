@@ -1,6 +1,6 @@
 """The search-quality simulation (bench/landscape.py, bench/search_scale.py): a landscape fitted to journals gives
 nearby genomes nearby values and reads inheritance and promotions from them; the real master searches it with
-simulated workers, promotions included, and the run's best network is scored by its true value."""
+simulated workers, promotions and the final pick included, and the run's best network is scored by its true value."""
 from __future__ import annotations
 
 import json
@@ -60,7 +60,7 @@ def _first(run, n: int, tmp_path):
     return few
 
 
-@pytest.mark.parametrize("contestant", ["evolution-rungs", "random"])
+@pytest.mark.parametrize("contestant", ["evolution-rungs", "evolution-holdout", "random"])
 def test_the_master_searches_the_landscape(tmp_path, contestant):
     run, _ = synthetic_run(tmp_path)
     landscape = tmp_path / "land.json"
