@@ -44,6 +44,7 @@ CONTESTANTS = {"evolution": ["evolution.strategy=evolution"],
                "evolution-rungs": ["evolution.strategy=evolution", "evolution.rungs=2"],
                "evolution-surrogate": ["evolution.strategy=evolution", "evolution.surrogate=8"],
                "evolution-holdout": ["evolution.strategy=evolution", "train.holdout=0.5"],
+               "evolution-holdout-64": ["evolution.strategy=evolution", "train.holdout=0.5", "run.keep_models=64"],
                "random": ["evolution.strategy=random"]}
 PROBLEM = Problem((1, 128), "classification", 10)  # the signals' (examples/signals.py), the landscape's data
 EPOCHS = 6  # [train] epochs, the landscape's first training
@@ -159,7 +160,7 @@ def run_one(workers: int, contestant: str, minutes: float, time_scale: float, se
     LandscapeComm.time_scale = time_scale
     settings = [*CONTESTANTS[contestant], f"evolution.seed={seed}", f"run.seed={seed}"]
     LandscapeComm.ends = rung_ends(EPOCHS, 3, 2 if contestant == "evolution-rungs" else 1)
-    LandscapeComm.holdout = 0.5 if contestant == "evolution-holdout" else 0.0
+    LandscapeComm.holdout = 0.5 if contestant.startswith("evolution-holdout") else 0.0
     # bench.scale's median and sigma of task seconds are unused: the landscape times each network
     result = one(workers, minutes, 60.0, 0.6, comm_class=LandscapeComm, settings=tuple(settings),
                  problem=PROBLEM, seed=seed, report=quality)
