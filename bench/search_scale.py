@@ -71,6 +71,7 @@ class LandscapeComm(SimComm):
     land: Landscape
     time_scale = 10.0
     ends: tuple[int, ...] = (EPOCHS,)
+    cools: tuple[int, ...] = cooldowns(ends)  # where each rung's decay begins: a promotion trains on from its parent's
     holdout = 0.0  # [train] holdout: the share of the landscape's validation rows the searches never score on
 
     def __init__(self, *args, **kwargs) -> None:
@@ -102,7 +103,7 @@ class LandscapeComm(SimComm):
         if p.inherit is not None:
             true = min(1.0, true + self.land.inherit_bonus)
         rung = self.ends.index(p.until) if p.until is not None else 0
-        first = cooldowns(self.ends)[rung - 1] if p.resume is not None else 0  # where its parent's decay began
+        first = self.cools[rung - 1] if p.resume is not None else 0
         last = self.ends[rung]
         if p.resume is not None:  # the same network trained on: its parent's score, one rung on
             true = 1 - (1 - self.true[int(Path(p.resume).stem)]) * self.land.rung_shrink
@@ -160,6 +161,7 @@ def run_one(workers: int, contestant: str, minutes: float, time_scale: float, se
     LandscapeComm.time_scale = time_scale
     settings = [*CONTESTANTS[contestant], f"evolution.seed={seed}", f"run.seed={seed}"]
     LandscapeComm.ends = rung_ends(EPOCHS, 3, 2 if contestant == "evolution-rungs" else 1)
+    LandscapeComm.cools = cooldowns(LandscapeComm.ends)
     LandscapeComm.holdout = 0.5 if contestant.startswith("evolution-holdout") else 0.0
     # bench.scale's median and sigma of task seconds are unused: the landscape times each network
     result = one(workers, minutes, 60.0, 0.6, comm_class=LandscapeComm, settings=tuple(settings),

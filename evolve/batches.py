@@ -123,6 +123,12 @@ class StreamBatches:
         return self._to(np.concatenate(xs)[:rows]), self._to(np.concatenate(ys)[:rows])
 
 
+def batches_per_epoch(n: int, batch: int) -> int:
+    """How many batches an epoch of ``n`` rows yields (epoch_batches, StreamBatches.epoch): the full ones and a
+    last, shorter one unless it would hold a single row."""
+    return n // batch + (n % batch >= 2)
+
+
 def epoch_batches(x: Any, y: Any, n: int, batch: int, gen: torch.Generator, device: torch.device
                   ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     """One epoch's training batches of ``n`` rows of (x, y) in a random order drawn from ``gen``."""

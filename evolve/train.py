@@ -18,7 +18,8 @@ import torch.nn.functional as F
 
 from galapagos.datashare.carve import holdout_indices
 from galapagos.datashare.plan import split_arrays
-from galapagos.evolve.batches import batch_data, child_device, epoch_batches, resident_fits, stats_sample
+from galapagos.evolve.batches import (batch_data, batches_per_epoch, child_device, epoch_batches, resident_fits,
+                                      stats_sample)
 from galapagos.evolve.build import build_model, set_normalization
 from galapagos.evolve.checkpoint import load_checkpoint, restore, save_checkpoint, training_state
 from galapagos.evolve.dense import class_counts, evaluate_dense, field_loss, segmentation_loss
@@ -101,7 +102,7 @@ def _schedule(genome: Genome, config: TrainConfig, opt: torch.optim.Optimizer, r
         steps = max(1, n // genome.batch_size) * epochs
         return n, epochs, steps, torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=genome.lr, total_steps=steps,
                                                                      pct_start=config.warmup)
-    per_epoch = n // genome.batch_size + (n % genome.batch_size >= 2)  # epoch_batches' batches: none of one row
+    per_epoch = batches_per_epoch(n, genome.batch_size)
     steps = max(1, per_epoch) * epochs
     warm, decay, end = max(1, round(config.warmup * steps)), cooldown * per_epoch, (until or epochs) * per_epoch
 
