@@ -46,6 +46,13 @@ config: what a new user runs, as issue 10 measured), and the expert trains its n
 Prints one JSON line per run, then the mean and standard deviation over seeds per dataset and contestant. With
 `--results FILE` each line is also added to FILE, a run already there is not run again, and the table is of every
 row of FILE asked for: a protocol of many hours goes on across sessions, and its table is made from its own rows.
+Each row names the commit and the machine it ran on. `--table-only` runs nothing and prints the table of FILE's
+rows; `--readme README.md` also writes the comparison of every contestant into the README, between its marker
+lines (bench/search_report.py), so that its table is the rows' own:
+
+    python -m bench.search --datasets spectra fields --contestants evolution tpe-best evolution-no-priors random \
+        optuna-random expert --seeds 0 1 2 3 4 --minutes 20 --results bench/results/search-protocol.jsonl \
+        --table-only --readme README.md
 """
 from __future__ import annotations
 
@@ -54,8 +61,8 @@ import dataclasses
 import itertools
 import json
 import os
+import platform
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -73,8 +80,8 @@ from galapagos.evolve.train import NonFiniteLoss, train_candidate
 from galapagos.examples import cosmoflow, shapes, signals, tabular
 
 from bench import heldout
-from bench.paired import compare
 from bench.peers import OPTUNA, Deadline, save_best, spawn, training_data, run_optuna
+from bench.search_report import summary, table, write_readme
 
 
 def signals_permuted(out_path: str | Path, *, seed: int = 0) -> None:
@@ -214,37 +221,6 @@ def test_score(model: Path, data: Path) -> float:
     return scores["accuracy"] if scores["task"] == "classification" else scores["r2"]
 
 
-def _mean_std(values: list[float]) -> str:
-    if not values:
-        return "-"
-    return f"{statistics.mean(values):.4f} ± {statistics.stdev(values) if len(values) > 1 else 0.0:.4f}"
-
-
-def table(rows: list[dict], datasets: list[str], contestants: list[str]) -> str:
-    lines = ["| dataset | contestant | test score | validation score | evaluations | runs |",
-             "|---|---|---|---|---|---|"]
-    for d in datasets:
-        for c in contestants:
-            runs = [r for r in rows if r["dataset"] == d and r["contestant"] == c]
-            scored = [r for r in runs if r["test"] is not None]
-            evals = statistics.mean(r["evaluations"] for r in runs) if runs else 0
-            lines.append(f"| {d} | {c} | {_mean_std([r['test'] for r in scored])} | "
-                         f"{_mean_std([r['val'] for r in scored])} | {evals:.0f} | {len(scored)}/{len(runs)} |")
-    verdicts = []
-    for d in datasets:
-        scores = {c: [r["test"] for r in rows if (r["dataset"], r["contestant"]) == (d, c) and r["test"] is not None]
-                  for c in contestants}
-        means = {c: statistics.mean(v) for c, v in scores.items() if v}
-        if "evolution" in means and len(means) > 1:
-            ahead = ", ".join(f"{c} {'yes' if means['evolution'] > m else 'no'}" for c, m in means.items()
-                              if c != "evolution")
-            verdicts.append(f"{d}: is evolution's mean test score ahead? {ahead}")
-    paired = [compare(rows, a, b, sets) for a, b in PAIRED for sets in
-              ([d for d in datasets if d in HELD_OUT], [d for d in datasets if d not in HELD_OUT])
-              if {a, b} <= set(contestants) and sets]
-    return "\n".join(lines + [""] + verdicts + [""] + paired)
-
-
 def code_version() -> str | None:
     """The commit the runs are made with (bench/PROTOCOL.md: results cite it), "+" if the tree differs from it;
     None outside a git checkout."""
@@ -257,6 +233,16 @@ def code_version() -> str | None:
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+" if dirty else "")
+
+
+def machine() -> str:
+    """The machine the runs are made on, as the rows name it (bench/PROTOCOL.md): processor, cores, memory, GPU."""
+    cpuinfo = Path("/proc/cpuinfo")
+    model = next((line.split(":", 1)[1].strip() for line in (cpuinfo.read_text() if cpuinfo.exists() else "")
+                  .splitlines() if line.startswith("model name")), platform.processor() or platform.machine())
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{model}, {os.cpu_count()} cores, {memory:.0f} GiB, {gpu}"
 
 
 def saved_rows(path: Path | None, args: argparse.Namespace) -> list[dict]:
@@ -290,17 +276,34 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", type=Path, help="a JSON-lines file of rows: a run already in it is not run again, "
                    "each new row is added as it is made, and the table is of all its rows of the chosen datasets, "
                    "contestants and seeds (a long protocol goes on across sessions; the table is made from it)")
+    p.add_argument("--table-only", action="store_true", help="run nothing: the table of --results's rows")
+    p.add_argument("--readme", type=Path, metavar="FILE", help="also write the comparison of every contestant into "
+                   "FILE, between its bench.search marker lines (the README's table: bench/search_report.py)")
+    argv = sys.argv[1:] if argv is None else argv
     args = p.parse_args(argv)
-    if set(OPTUNA) & set(args.contestants):
+    if args.table_only and not args.results:
+        p.error("--table-only makes the table of a --results file")
+    if set(OPTUNA) & set(args.contestants) and not args.table_only:
         try:
             import optuna  # noqa: F401
         except ImportError:
             p.error("the Optuna contestants need optuna: pip install -e \".[bench]\" (or leave out "
                     f"{', '.join(OPTUNA)} with --contestants)")
+    rows = saved_rows(args.results, args)
+    if not args.table_only:
+        rows += run(args)
+    print(table(rows, args.datasets, args.contestants, HELD_OUT, PAIRED))
+    if args.readme:
+        write_readme(args.readme, summary(rows, args.datasets, args.contestants, args.seeds, minutes=args.minutes,
+                                          workers=args.workers, held_out=HELD_OUT), argv)
+
+
+def run(args: argparse.Namespace) -> list[dict]:
+    """The runs `args` asks for that its --results file does not hold yet, one after another: their rows."""
     cores = args.cores or sorted(os.sched_getaffinity(0))[:args.workers]
     os.sched_setaffinity(0, cores)  # every contestant's processes inherit it
-    rows = saved_rows(args.results, args)
-    commit = code_version()
+    held, new = {(r["dataset"], r["contestant"], r["seed"]) for r in saved_rows(args.results, args)}, []
+    commit, where = code_version(), machine()
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=args.keep is None)
@@ -311,7 +314,7 @@ def main(argv: list[str] | None = None) -> None:
             generate(data, **kwargs)
             for seed in args.seeds:
                 for contestant in args.contestants:
-                    if any((r["dataset"], r["contestant"], r["seed"]) == (name, contestant, seed) for r in rows):
+                    if (name, contestant, seed) in held:
                         continue
                     out = work / f"{name}-{contestant}-{seed}"
                     t0 = time.time()
@@ -332,15 +335,15 @@ def main(argv: list[str] | None = None) -> None:
                            "workers": args.workers, "default_space": args.default_space,
                            "test": None if model is None else round(test_score(model, data), 4),
                            "val": None if val is None else round(val, 4), **r, "wall_s": round(wall, 1),
-                           "commit": commit}
-                    rows.append(row)
+                           "commit": commit, "machine": where}
+                    new.append(row)
                     print(json.dumps(row), flush=True)
                     if args.results:
                         with args.results.open("a") as f:
                             f.write(json.dumps(row) + "\n")
     space = "the default space" if args.default_space else "each dataset's space"
     print(f"\n{args.minutes:g} min per run, {args.workers} workers on cores {cores}, seeds {args.seeds}, {space}\n")
-    print(table(rows, args.datasets, args.contestants))
+    return new
 
 
 if __name__ == "__main__":

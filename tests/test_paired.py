@@ -1,4 +1,7 @@
-"""The search benchmark's paired statistics (bench/paired.py), against values worked out by hand."""
+"""The search benchmark's paired statistics (bench/paired.py), against values worked out by hand, and the tables made
+from its rows (bench/search_report.py)."""
+from pathlib import Path
+
 import pytest
 
 from bench.paired import bootstrap_ci, compare, wilcoxon_greater
@@ -51,3 +54,51 @@ def test_a_results_file_skips_what_it_holds_and_refuses_other_settings(tmp_path)
     path.write_text(json.dumps({**row, "minutes": 3.0}) + "\n")
     with pytest.raises(SystemExit, match="other settings"):
         saved_rows(path, args)
+
+
+def test_the_comparison_shows_every_contestant_and_what_is_missing_between_the_markers_only(tmp_path):
+    from bench.search_report import END, readme_command, summary, write_readme
+
+    rows = [{"dataset": d, "contestant": c, "seed": s, "test": t, "evaluations": 100 + s,
+             "commit": "abc1234", "machine": "EPYC, 2 cores"}
+            for d in ("spectra", "signals") for s in range(3)
+            for c, t in (("evolution", 0.9 + s / 100), ("tpe-best", 0.8 if s else None))]
+    text = summary(rows, ["spectra", "signals"], ["evolution", "tpe-best", "expert"], [0, 1, 2], minutes=20,
+                   workers=2, held_out=("spectra",))
+    held, tuned = text.split("**Tuning sets")
+    assert "| spectra | 0.9100 ± 0.0100 · 101 | 0.8000 ± 0.0000 · 101 (2 of 3 runs) | not run yet |" in held
+    assert "| signals |" in tuned and "| signals |" not in held
+    assert "evolution against tpe-best over spectra: 2 paired runs" in held
+    assert "evolution against expert: no (dataset, seed) run that both finished" in held
+    assert "Machine: EPYC, 2 cores (12 runs). Code: abc1234 (12 runs)." in text
+    readme = tmp_path / "README.md"
+    readme.write_text("# Title\n\nno markers\n")
+    with pytest.raises(SystemExit, match="marker"):
+        write_readme(readme, text, ["--table-only"])
+    readme.write_text(f"# Title\n<!-- made by python -m bench.search -->\nold table\n{END}\n\n## Next\n")
+    for _ in range(2):  # the same text twice: the same file
+        write_readme(readme, text, ["--minutes", "20", "--readme", "my readme.md"])
+        assert readme.read_text() == (f"# Title\n<!-- made by python -m bench.search --minutes 20 --readme "
+                                      f"'my readme.md' -->\n\n{text}\n\n{END}\n\n## Next\n")
+    assert readme_command(readme) == ["--minutes", "20", "--readme", "my readme.md"]
+
+
+def test_the_readmes_comparison_is_the_one_its_command_makes_from_the_results_file(tmp_path, monkeypatch, capsys):
+    """README.md's table is not written by hand: the command in its marker, run again, makes the same table."""
+    from bench.search import main
+    from bench.search_report import END, readme_command
+
+    root = Path(__file__).resolve().parent.parent
+    argv = readme_command(root / "README.md")
+    assert "--table-only" in argv and "--results" in argv
+    copy = tmp_path / "README.md"
+    copy.write_text((root / "README.md").read_text())
+    argv[argv.index("--readme") + 1] = str(copy)
+    monkeypatch.chdir(root)
+    main(argv)
+
+    def table(path):
+        text = path.read_text()
+        return text[text.index("-->", text.index("<!-- made by python -m bench.search")):text.index(END)]
+
+    assert table(copy) == table(root / "README.md")
