@@ -74,6 +74,10 @@ class RunConfig(Table):
     # rank owns for a candidate whose estimated memory does not fit in one, or whose training on one, projected from
     # a few timed steps, would take more than half its time limit; one GPU for the rest (launch/spread.py)
 
+    spread_ranks: int = 1  # worker ranks each candidate trains on at once, on other nodes too: neighbouring ranks
+    # make gangs of this many, the first one's and the others' children (run.spread of each rank's devices) one
+    # torch.distributed group that meets over TCP; the others take no task of their own (launch/gang.py)
+
     def normalise(self) -> dict:
         return {key: 0 for key in ("pack", "spread", "heartbeat") if getattr(self, key) == "auto"}
 
@@ -108,6 +112,7 @@ class RunConfig(Table):
                 ("prefetch", self.prefetch >= -1, "at least -1 (-1 = one while tasks are short)"),
                 ("pack", self.pack >= 0, 'at least 1, or "auto"'),
                 ("spread", self.spread >= 0, 'at least 1, or "auto"'),
+                ("spread_ranks", self.spread_ranks >= 1, "at least 1"),
                 ("lost_grace", self.lost_grace > 0, "more than 0 seconds"),
                 ("heartbeat", self.heartbeat >= 0, 'more than 0 seconds, or "auto"'),
                 ("worker_timeout", self.worker_timeout >= 3 * self.heartbeat,

@@ -107,13 +107,14 @@ class Pack(Children):
 
     def place(self, task_fn: str, *, cores: list[int] | None = None, device: str = "cpu",
               devices: tuple[str, ...] = (), log_path: Path | None = None, pack: int | str = 1,
-              spread: int | str = 1) -> None:
+              spread: int | str = 1, gang: bool = False) -> None:
         """Supervisor.place for every child, and how many (`pack`: "auto" is one until the first candidate has
         measured its memory, and stays one off a CUDA or ROCm GPU). `spread` (run.spread) over more than one of
-        `devices` (those the rank owns, `device` first) makes the one child a Spread group, and the pack one."""
+        `devices` (those the rank owns, `device` first) makes the one child a Spread group, and the pack one; so
+        does a `gang` of several ranks (run.spread_ranks, launch/gang.py), over one device too."""
         self.task_fn = task_fn
         width = spread_width(spread, devices or (device,), self.rank)
-        if width > 1:
+        if width > 1 or gang:
             if pack != 1:
                 log.info("worker rank %d spreads its candidates over %d children: run.pack = %s is 1", self.rank,
                          width, pack)
@@ -123,6 +124,10 @@ class Pack(Children):
         self.measure = self.sizing = pack == "auto" and device.startswith("cuda")
         self.where = {"cores": cores, "device": device, "log_path": log_path}
         self.resize(pack if isinstance(pack, int) else 1)
+
+    def join(self, remotes: list) -> None:
+        """A gang leader's: its followers' children join its Spread group (launch/gang.py)."""
+        self.children[0].join(remotes)
 
     def resize(self, k: int) -> None:
         """`k` children (more are started at once); each gets its share of the rank's cores as threads."""
@@ -199,9 +204,12 @@ class Pack(Children):
     def poll(self, timeout: float = 0.0) -> list:
         """Supervisor.poll over every busy child: their progress and results, waiting up to `timeout` seconds on
         their pipes together."""
-        running = [c for c in self.children if c.current is not None and c.conn is not None]
-        if running and timeout > 0:
-            wait([c.conn for c in running], timeout)
+        running = [c for c in self.children if c.current is not None]
+        if running and timeout > 0:  # a gang whose followers alone still train has no pipe here: a short sleep
+            if conns := [c.conn for c in running if c.conn is not None]:
+                wait(conns, timeout)
+            else:
+                time.sleep(timeout)
         events: list = []
         for child in running:
             for ev in child.poll(0.0):

@@ -73,6 +73,7 @@ class Setup:
     liveness: Liveness = field(default_factory=Liveness)
     pack: int | str = 1  # candidates each worker rank trains at once on its device, or "auto" (run.pack)
     spread: int | str = 1  # devices each candidate trains on at once, or "auto" (run.spread)
+    spread_ranks: int = 1  # worker ranks each candidate trains on at once, a gang (run.spread_ranks)
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,7 @@ class MasterState:
     # ranks whose process MPI reports dead (ULFM: launch.mpi.failures_survivable): they hold up nobody's exit
     failed: set[int] = field(default_factory=set)
     slots: Slots = field(default_factory=Slots)  # tasks each worker rank holds
+    followers: set[int] = field(default_factory=set)  # ranks that take no task: a gang's (launch/gang.py)
 
     @property
     def busy(self) -> int:
@@ -223,7 +224,10 @@ class _Serving:
             self.lose(obj.rank, time.time(), "failed", obj.error)
         elif isinstance(obj, Ready):
             state.hosts[obj.rank], state.devices[obj.rank] = obj.host, obj.device
-            self.slots.add(obj.rank, obj.capacity)
+            if obj.capacity:
+                self.slots.add(obj.rank, obj.capacity)
+            else:  # it trains its gang leader's tasks
+                state.followers.add(obj.rank)
             self.heard[obj.rank] = time.time()
 
     def ended(self, now: float) -> bool:
@@ -248,8 +252,8 @@ class _Serving:
             self.give_up_silent_ranks(now)
             self.give_up_quiet_ranks(now)
             self.beacon.beat(now)
-            if len(state.lost) == state.workers:
-                log.error("every worker rank stopped answering or failed (%s): ending the run",
+            if len(state.lost | state.followers) == state.workers:
+                log.error("every worker rank that takes tasks stopped answering or failed (%s): ending the run",
                           ", ".join(map(str, sorted(state.lost))))
                 return True
         return False

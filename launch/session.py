@@ -19,6 +19,7 @@ import numpy as np
 from galapagos.datashare.plan import Plan
 from galapagos.datashare.share import DataShareError, Shared, share
 from galapagos.datashare.shm import remove_stale
+from galapagos.launch.gang import follower_serve, gang_of, meet
 from galapagos.launch.heartbeat import MasterSilent, MasterWatch, Pulse
 from galapagos.launch.mpi import Backoff, failed_ranks, node_comm
 from galapagos.launch.packing import Pack
@@ -109,9 +110,12 @@ def worker_main(comm: Any, preload: str | None = None) -> int:
             start_failed(comm, exc)
         if isinstance(started, int):
             return started
-        shared, device, liveness, watch = started
+        shared, device, liveness, watch, leader = started
         try:
-            worker_serve(comm, supervisor, device, liveness, watch)
+            if leader == comm.rank:
+                worker_serve(comm, supervisor, device, liveness, watch)
+            else:  # a gang's follower (run.spread_ranks): its children train its leader's tasks
+                follower_serve(comm, supervisor.children[0].children, leader, device, liveness.interval, watch)
         except MasterSilent as exc:  # rank 0 is stopped or hung: nobody else may end the job (a plain srun)
             log.error("worker rank %d on %s: %s", comm.rank, socket.gethostname(), exc)
             flush_then_abort(comm, EXIT_LOST)
@@ -132,10 +136,10 @@ def worker_main(comm: Any, preload: str | None = None) -> int:
         supervisor.stop()
 
 
-def _start(comm: Any, supervisor: Pack) -> tuple[Shared, str, Liveness, MasterWatch | None] | int:
+def _start(comm: Any, supervisor: Pack) -> tuple[Shared, str, Liveness, MasterWatch | None, int] | int:
     """The worker's part of the job's start: (its hold on the shared data, its device, the job's heartbeat
-    settings, and the watch on rank 0's heartbeat of the first worker rank of each node), or the exit code when the
-    job cannot start (bad input: rank 0 says why)."""
+    settings, the watch on rank 0's heartbeat of the first worker rank of each node, and the rank it serves: its
+    own, or its gang's leader), or the exit code when the job cannot start (bad input: rank 0 says why)."""
     backoff = Backoff(longest=0.01)
     while (msg := comm.improbe(source=0, tag=TAG)) is None:
         backoff.sleep()
@@ -148,10 +152,12 @@ def _start(comm: Any, supervisor: Pack) -> tuple[Shared, str, Liveness, MasterWa
         Path(setup.log_dir).mkdir(parents=True, exist_ok=True)
         log_path = Path(setup.log_dir) / f"trainer-{comm.rank}.log"
     node = node_comm(comm)
+    gang = gang_of(comm.rank, comm.size - 1, setup.spread_ranks)
     try:
         placement = _placement(comm, node)
         supervisor.place(setup.task_fn, cores=list(placement.cores), device=placement.device,
-                         devices=placement.devices, log_path=log_path, pack=setup.pack, spread=setup.spread)
+                         devices=placement.devices, log_path=log_path, pack=setup.pack, spread=setup.spread,
+                         gang=len(gang) > 1)
         supervisor.start()  # if not started yet: the trainer children import their task function while data is shared
         shared = share(comm, node, want=setup.want)
     except DataShareError:
@@ -159,8 +165,10 @@ def _start(comm: Any, supervisor: Pack) -> tuple[Shared, str, Liveness, MasterWa
     finally:
         node.Free()
     supervisor.attach(shared.descriptor())
+    if len(gang) > 1:
+        meet(comm, supervisor.children[0], gang, setup.liveness.worker_timeout)
     log.debug("worker %d on %s: %s, cores %s", comm.rank, socket.gethostname(), placement.device, placement.cores)
-    return shared, placement.device, setup.liveness, _master_watch(setup.liveness, placement)
+    return shared, placement.device, setup.liveness, _master_watch(setup.liveness, placement), gang[0]
 
 
 def _master_watch(liveness: Liveness, placement: Placement) -> MasterWatch | None:

@@ -25,6 +25,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Any
 
+from galapagos.launch.gang import Remote, store_address
 from galapagos.launch.placement import core_count
 from galapagos.launch.protocol import Result, Status, Task
 from galapagos.launch.supervisor import Children, Supervisor
@@ -43,6 +44,7 @@ STOPPED = (Status.OK, Status.CANCELLED)  # a follower's ends that are not failur
 # Seconds the children's failures are gathered before the task's is chosen (Spread._fail): one child's failure makes
 # the others fail in their next collective, and which Result the worker reads first is a race.
 HOLD = 2.0
+STORE_TIMEOUT = 300  # seconds a gang's children wait for each other at the TCPStore (a follower's start included)
 
 
 def spread_width(spread: int | str, devices: tuple[str, ...], rank: int) -> int:
@@ -74,7 +76,7 @@ class Member:
     payload: Any
     rank: int
     size: int
-    store: str  # the FileStore's file
+    store: str  # the FileStore's file, or a gang's "tcp://HOST:PORT" (launch/gang.py)
     auto: bool  # the leader decides from the candidate's memory and speed whether the group trains it (run.spread
     # = auto)
     time_limit: float | None = None  # the task's
@@ -95,7 +97,7 @@ def member(job: Member, ctx: Any) -> dict:
     key = ("spread", job.task_fn)
     if key not in ctx.cache:
         ctx.cache[key] = load_function(job.task_fn, "task function")
-    store = dist.FileStore(job.store, job.size)
+    store = _store(job)
     size = job.size
     if job.auto:
         if job.rank == 0:
@@ -105,8 +107,9 @@ def member(job: Member, ctx: Any) -> dict:
         # (and what a follower returns is never the task's)
         return _spread_over(1, ctx.cache[key](job.payload, ctx)) if job.rank == 0 else {"fitness": 0.0}
     kind = ctx.device.partition(":")[0]
-    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):  # every child is on this node: meet on loopback
-        os.environ.setdefault(name, "lo")
+    for name in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):  # every child on this node: meet on loopback
+        if not job.store.startswith("tcp://"):  # a gang's (launch/gang.py) meet over the network
+            os.environ.setdefault(name, "lo")
     if kind != "cpu":  # the collectives' device (NCCL's broadcast of the metrics needs it)
         import torch
 
@@ -116,6 +119,19 @@ def member(job: Member, ctx: Any) -> dict:
         return _spread_over(size, ctx.cache[key](job.payload, ctx))
     finally:
         dist.destroy_process_group()
+
+
+def _store(job: Member):
+    """The group's meeting place: a FileStore on this node, or a gang's TCPStore, served by its first child."""
+    import datetime
+
+    import torch.distributed as dist
+
+    if not job.store.startswith("tcp://"):
+        return dist.FileStore(job.store, job.size)
+    host, port = job.store.removeprefix("tcp://").rsplit(":", 1)
+    return dist.TCPStore(host, int(port), job.size, is_master=job.rank == 0,
+                         timeout=datetime.timedelta(seconds=STORE_TIMEOUT))
 
 
 def _spread_over(size: int, out: dict | None) -> dict:
@@ -179,6 +195,7 @@ class Spread(Children):
         self.rank, self.host, self.devices, self.auto = leader.rank, leader.host, devices, auto
         # the others start on the task function itself, so that they import torch before their first task
         self.children = [leader, *(Supervisor(leader.rank, task_fn) for _ in devices[1:])]
+        self.members: list = self.children  # those that train the task: a gang's lost followers leave (join)
         self.task_fn = task_fn
         self.task: Task | None = None
         self.reported = False  # the task's Result went up
@@ -202,6 +219,12 @@ class Spread(Children):
     def proc(self):
         return self.children[0].proc
 
+    def join(self, remotes: list[Remote]) -> None:
+        """A gang's followers' children (launch/gang.py), after this rank's own: every task trains on all of them
+        that are still there."""
+        self.children = [*self.children, *remotes]
+        self.devices = (*self.devices, *(f"{r.device} of rank {r.rank} on {r.host}" for r in remotes))
+
     def attach(self, data: dict | None) -> None:
         for child in self.children:
             child.attach(data)
@@ -220,10 +243,12 @@ class Spread(Children):
     def submit(self, task: Task) -> list:
         """The task to every child, each as its member of the group."""
         self.task, self.reported, self.failed, self.tries = task, False, {}, self.tries + 1
-        store = str(self.store / f"{task.id}.{self.tries}")
+        self.members = [c for c in self.children if not getattr(c, "gone", False)]
+        gang = len(self.members) > 1 and isinstance(self.members[-1], Remote)
+        store = store_address(self.host) if gang else str(self.store / f"{task.id}.{self.tries}")
         events: list = []
-        for i, child in enumerate(self.children):
-            job = Member(self.task_fn, task.payload, i, len(self.children), store, self.auto, task.time_limit)
+        for i, child in enumerate(self.members):
+            job = Member(self.task_fn, task.payload, i, len(self.members), store, self.auto, task.time_limit)
             events += self._take(i, child.submit(Task(task.id, job, task.time_limit)))
         return events + self._decided()  # where no child could start, at once
 
@@ -231,14 +256,14 @@ class Spread(Children):
         """A cancel goes to the leader, which stops the group at its next epoch's end."""
         if self.task is None or self.task.id != task_id or self.reported:
             return []
-        return self._take(0, self.children[0].cancel(task_id, status))
+        return self._take(0, self.members[0].cancel(task_id, status))
 
     def poll(self, timeout: float = 0.0) -> list:
         running = [c.conn for c in self.children if c.current is not None and c.conn is not None]
         if running and timeout > 0:
             wait(running, timeout)
         events: list = []
-        for i, child in enumerate(self.children):
+        for i, child in enumerate(self.members):
             if child.current is not None:
                 events += self._take(i, child.poll(0.0))
         return events + self._decided()
@@ -261,7 +286,7 @@ class Spread(Children):
             elif i == 0 and ev.status in (*STOPPED, Status.PRUNED):
                 self.reported = True
                 out.append(ev)
-                for child in self.children[1:]:  # they end with it; one stuck in a collective is killed
+                for child in self.members[1:]:  # they end with it; one stuck in a collective is killed
                     child.cancel(ev.id, Status.CANCELLED)
             else:
                 self.failed_at = self.failed_at if self.failed else time.monotonic()
@@ -274,11 +299,12 @@ class Spread(Children):
         what the others raise once a peer is gone (gloo: "Connection closed by peer"); the leader's on a tie."""
         self.reported, error = True, result.error
         if i > 0:
-            error = f"spread member {i} of {len(self.children)} on {self.devices[i]}: {result.error}"
+            where = self.devices[self.children.index(self.members[i])]
+            error = f"spread member {i} of {len(self.members)} on {where}: {result.error}"
             log.warning("task %d failed in its spread group: %s", result.id, error)
-        for child in self.children:
+        for child in self.members:
             child.end(result.status, error)
-        return [dataclasses.replace(result, error=error)]
+        return [dataclasses.replace(result, rank=self.rank, host=self.host, error=error)]  # a gang's: the leader's
 
     def stop(self) -> None:
         for child in self.children:

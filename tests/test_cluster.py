@@ -162,6 +162,35 @@ def test_evolve_then_ensemble_across_four_nodes(cluster, tmp_path):
         metrics["test"]["ensemble"]["samples"] == 45, metrics["test"]
 
 
+@pytest.mark.timeout(300)
+def test_each_candidate_and_ensemble_member_trains_over_two_nodes_in_a_gang(cluster, tmp_path):
+    """run.spread_ranks = 2 (launch/gang.py): workers 1 and 2 (node0, node1) and 3 and 4 (node2, node3) make two
+    gangs, each of whose candidates trains on both of its nodes, the group meeting over the network; the followers
+    take no task of their own, and the run counts two candidates at once."""
+    data = tmp_path / "shapes.h5"
+    shapes.generate(data, samples=300, size=12, seed=1)
+    cli = [sys.executable, "-m", "galapagos.cli"]
+    run, ens = tmp_path / "run", tmp_path / "ens"
+    gang = ["--set", "run.spread_ranks=2"]
+    proc = cluster.mpiexec([*cli, "evolve", "--data", data, "--out", run, "--evaluations", "4", *TINY, *gang],
+                           ppn=PLACEMENT, timeout=130)
+    assert proc.returncode == 0, describe_run(proc)
+    expected = hosts_of_ranks(cluster, PLACEMENT)
+    records = journal(run)
+    assert len(records) == 4 and all(r["status"] == "ok" and r["metrics"]["spread"] == 2 for r in records), records
+    assert {r["rank"] for r in records} <= {1, 3} and all(r["host"] == expected[r["rank"]] for r in records)
+    for follower in (2, 4):  # each follower's trainer child trained its part, on its own node
+        assert (run / "log" / f"trainer-{follower}.log").exists()
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["workers"] == 4 and summary["slots"] == 2, summary
+
+    proc = cluster.mpiexec([*cli, "ensemble", "--from", run, "--data", data, "--out", ens, "--members", "2", *gang],
+                           ppn=PLACEMENT, timeout=130)
+    assert proc.returncode == 0, describe_run(proc)
+    members = journal(ens)
+    assert len(members) == 2 and all(r["status"] == "ok" and r["metrics"]["spread"] == 2 for r in members), members
+
+
 @pytest.mark.timeout(60)
 def test_staging_fills_each_nodes_own_local_directory(cluster, tmp_path):
     """PBS's staging lines (one copy per node through the launcher, `mpiexec -n N --ppn 1`), run on the cluster

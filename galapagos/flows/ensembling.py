@@ -194,7 +194,8 @@ def start_workers(session: MasterSession, job: EnsembleJob) -> None:
         plan, memory, _ = dataset_plan(job.data, ("train", "val"), val_fraction=run.val_fraction, seed=run.seed,
                                        chunk_bytes=run.chunk_mib << 20, readers=run.readers or "node")
     liveness = run.liveness(job.out.master_heartbeat, session.workers)
-    session.start(Setup(run.task, str(job.out.logs), liveness=liveness, pack=run.packing, spread=run.spreading), plan,
+    session.start(Setup(run.task, str(job.out.logs), liveness=liveness, pack=run.packing, spread=run.spreading,
+                        spread_ranks=run.spread_ranks), plan,
                   memory)
 
 

@@ -40,7 +40,8 @@ def check(opts: EvolveOptions, workers: int | None = None) -> tuple[Config, Data
     sizes resolved for the job's candidates at once (`workers`, rank 0's count; else the options'), the data's info
     and fingerprint."""
     config = evolve_config(opts)
-    at_once = (workers or opts.workers or default_workers()) * max(config.run.pack, 1)
+    ranks = workers or opts.workers or default_workers()
+    at_once = -(-ranks // config.run.spread_ranks) * max(config.run.pack, 1)  # a gang trains one at a time
     config = dataclasses.replace(config, evolution=config.evolution.sized(at_once))
     check_task(config.run.task)
     check_tracking(config.report)
@@ -129,7 +130,8 @@ def evolve(session: MasterSession, opts: EvolveOptions) -> dict:
                                         config.run.budget_minutes and f"{config.run.budget_minutes:g} minutes"])))
     liveness = config.run.liveness(run.master_heartbeat, session.workers)
     session.start(Setup(config.run.task, str(run.logs), want=want, liveness=liveness, pack=config.run.packing,
-                        spread=config.run.spreading),
+                        spread=config.run.spreading,
+                        spread_ranks=config.run.spread_ranks),
                   plan, memory)
     run.begin(config.dumps(), data, resume=opts.resume)  # the run's config and data.json: the job has started
     cpu, serve_start = time.process_time(), time.time()
@@ -156,8 +158,9 @@ def conclude(run: RunDir, config: Config, source: EvolutionSource, state: Master
         pick = final_pick(run, config, source.problem, data, run.read_journal())
     if pick is not None:
         run.save_network(run.best, pick[0], {**source.network_extra(pick[0]), "final_pick": pick[1]})
+    slots = state.workers - len(state.followers) + sum(state.slots.spare.values())  # candidates trained at once
     summary = summarize(run.iter_journal(), population_size=config.evolution.population_size,
-                        workers=state.workers, slots=state.workers + sum(state.slots.spare.values()),
+                        workers=state.workers, slots=slots,
                         wall_seconds=wall, busy_seconds=state.busy_seconds, picked=pick and pick[0].id)
     if pick is not None:
         summary["final_pick"] = pick[1]
