@@ -222,14 +222,16 @@ def test_score(model: Path, data: Path) -> float:
 
 
 def code_version() -> str | None:
-    """The commit the runs are made with (bench/PROTOCOL.md: results cite it), "+" if the tree differs from it;
-    None outside a git checkout."""
+    """The commit a run is made with (bench/PROTOCOL.md: results cite it), read as it starts, "+" if the code
+    differs from it (the results file and the README table made from it are not code); None outside a git
+    checkout."""
     root = Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                               check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, check=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", ".",
+                                ":!bench/results", ":!README.md"], cwd=root, capture_output=True, text=True,
+                               check=True).stdout.strip()
     except (OSError, subprocess.CalledProcessError):
         return None
     return head + ("+" if dirty else "")
@@ -303,7 +305,7 @@ def run(args: argparse.Namespace) -> list[dict]:
     cores = args.cores or sorted(os.sched_getaffinity(0))[:args.workers]
     os.sched_setaffinity(0, cores)  # every contestant's processes inherit it
     held, new = {(r["dataset"], r["contestant"], r["seed"]) for r in saved_rows(args.results, args)}, []
-    commit, where = code_version(), machine()
+    where = machine()
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or Path(tmp)
         work.mkdir(parents=True, exist_ok=args.keep is None)
@@ -317,7 +319,7 @@ def run(args: argparse.Namespace) -> list[dict]:
                     if (name, contestant, seed) in held:
                         continue
                     out = work / f"{name}-{contestant}-{seed}"
-                    t0 = time.time()
+                    commit, t0 = code_version(), time.time()
                     deadline = t0 + 60 * args.minutes
                     config = work / "defaults.toml" if args.default_space else config_path(name)
                     if contestant in VARIANTS:
