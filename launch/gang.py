@@ -12,8 +12,8 @@ FileStore needs a file every node sees.
 
 A follower rank that stops answering its leader for the job's worker timeout fails the task it holds and leaves
 the gang, which trains on without it (under ULFM, where the job goes on after a node's loss; elsewhere the job
-ends and restarts without the node: launch/recovery). The followers of a leader that is lost stay idle until the
-job's next start.
+ends and its script starts it again without the node: docs/faults.md). The followers of a leader that is lost
+stay idle until the job's next start.
 """
 from __future__ import annotations
 
