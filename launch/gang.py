@@ -13,7 +13,7 @@ FileStore needs a file every node sees.
 A follower rank that stops answering its leader for the job's worker timeout fails the task it holds and leaves
 the gang, which trains on without it (under ULFM, where the job goes on after a node's loss; elsewhere the job
 ends and its script starts it again without the node: docs/faults.md). The followers of a leader that is lost
-stay idle until the job's next start.
+are told so by the master (Serve), and each takes tasks itself from then on, over its own devices.
 """
 from __future__ import annotations
 
@@ -26,7 +26,7 @@ from typing import Any
 
 from galapagos.launch.heartbeat import MasterSilent, MasterWatch, Pulse
 from galapagos.launch.mpi import Backoff
-from galapagos.launch.protocol import TAG, Ready, Result, Status, Stop, Stopped, Task
+from galapagos.launch.protocol import TAG, Ready, Result, Serve, Status, Stop, Stopped, Task
 
 log = logging.getLogger(__name__)
 
@@ -178,22 +178,31 @@ class Remote:
 
 
 def follower_serve(comm: Any, children: list, leader: int, device: str, interval: float,
-                   watch: MasterWatch | None = None) -> None:
+                   watch: MasterWatch | None = None) -> bool:
     """A follower rank's loop until the master's Stop: its trainer children run the member jobs its leader sends,
     their Results go back to it (progress stays here: the leader's first child speaks for the group), and Alive
     goes to the master, and to the leader while a task runs, when nothing else did for `interval` seconds. The
-    master hears once that this rank takes no task (Ready, capacity 0); at its Stop the leader hears "bye"."""
+    master hears once that this rank takes no task (Ready, capacity 0); at its Stop the leader hears "bye". True
+    where the master said Serve instead (the leader is lost): the jobs of the leader's task are ended, and the rank
+    takes tasks itself from now on, with its own children."""
     pulse, backoff = Pulse(comm, interval), Backoff()
     told = time.monotonic()
-    comm.send(Ready(comm.rank, socket.gethostname(), device, 0), dest=0, tag=TAG)
+    comm.send(Ready(comm.rank, socket.gethostname(), device, 0, leader), dest=0, tag=TAG)
     while True:
         msg = comm.improbe(source=0, tag=TAG)
-        if msg is not None and isinstance(msg.recv(), Stop):
+        said = msg.recv() if msg is not None else None
+        if isinstance(said, Stop):
             for child in children:
                 child.stop()
             comm.send(("bye",), dest=leader, tag=GANG_TAG)  # its last word to the leader (Link.close)
             comm.send(Stopped(comm.rank), dest=0, tag=TAG)
-            return
+            return False
+        if isinstance(said, Serve):  # a job of the lost leader's would wait in a collective for it
+            for child in children:
+                child.end(Status.CANCELLED, f"gang leader rank {leader} lost")
+            log.warning("worker rank %d: its gang's leader, rank %d, was lost; it takes tasks itself", comm.rank,
+                        leader)
+            return True
         events: list = []
         while (order := comm.improbe(source=leader, tag=GANG_TAG)) is not None:
             what, index, *args = order.recv()

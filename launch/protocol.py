@@ -3,9 +3,10 @@
 Two wires, one vocabulary:
 
 - MPI, master <-> worker ranks, on :data:`TAG`: the master sends :class:`Setup` (or :class:`SetupFailed`) once,
-  then :class:`Task`, :class:`Cancel` and :class:`Stop`; a worker sends :class:`Ready` once, then
-  :class:`Progress` and :class:`Result` (and :class:`Alive` when it has said nothing for a while), and
-  :class:`Stopped` last, in answer to Stop (or :class:`RankFailed`, if it fails unexpectedly while serving).
+  then :class:`Task`, :class:`Cancel` and :class:`Stop` (and :class:`Serve` to a gang's follower); a worker sends
+  :class:`Ready` once, then :class:`Progress` and :class:`Result` (and :class:`Alive` when it has said nothing for
+  a while), and :class:`Stopped` last, in answer to Stop (or :class:`RankFailed`, if it fails unexpectedly while
+  serving). A gang's leader and followers speak on launch/gang.py's GANG_TAG.
 - The pipe between a worker rank's supervisor and its trainer child: the supervisor sends :class:`TrainerDevice`
   (a child on a GPU, before its setup), :class:`TrainerSetup` once, then :class:`Task`, :class:`Cancel` and
   :class:`Stop`; the child answers :class:`TrainerReady` (or :class:`TrainerFailed`) once, then :class:`Progress`
@@ -105,6 +106,11 @@ class Stop:
     pass
 
 
+@dataclass(frozen=True)
+class Serve:
+    """To a gang's follower whose leader was lost (launch/gang.py): it takes tasks itself from now on."""
+
+
 # -- worker -> master ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Ready:
@@ -115,6 +121,7 @@ class Ready:
     host: str
     device: str
     capacity: int = 1
+    leader: int | None = None  # capacity 0: a gang's follower, which serves this rank's tasks (launch/gang.py)
 
 
 @dataclass(frozen=True)

@@ -11,15 +11,16 @@ import heapq
 import logging
 import sys
 import time
-from collections import OrderedDict, defaultdict
+from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from galapagos.launch.heartbeat import Beacon, Silence
 from galapagos.launch.mpi import Backoff, failed_ranks
-from galapagos.launch.protocol import (TAG, Alive, Cancel, Liveness, Progress, RankFailed, Ready, Result, Status, Stop,
-                                       Stopped, Task)
+from galapagos.launch.protocol import (TAG, Alive, Cancel, Liveness, Progress, RankFailed, Ready, Result, Serve, Status,
+                                       Stop, Stopped, Task)
+from galapagos.launch.slots import Slots
 from galapagos.launch.supervisor import START_TIMEOUT
 
 log = logging.getLogger(__name__)
@@ -51,57 +52,6 @@ class TaskSource(Protocol):
         progress displays and writing through what the source buffered."""
 
 
-class Slots:
-    """How many tasks each worker rank holds, with the ranks bucketed by that count less their capacity (run.pack),
-    so that the least loaded rank is found without looking at every rank: at whole-machine scale (tens of thousands
-    of workers) a sort of all of them per dispatch would fill the master's time (bench/scale.py). The buckets are
-    OrderedDicts, whose first entry is found through their linked list: a plain dict's `next(iter(d))` steps over
-    the holes that every rank leaving the bucket leaves behind, until the dict happens to resize (after the first
-    round of 100,000 workers, the empty idle bucket held 100,000 of them: 40-70 us a dispatch instead of 4). A rank
-    of capacity k holding n tasks is in bucket n - k + 1: with k = 1, as before packing, the count it holds."""
-
-    def __init__(self) -> None:
-        self.held: dict[int, int] = {}
-        self.spare: dict[int, int] = {}  # rank -> its capacity less one
-        self.by_count: dict[int, OrderedDict[int, None]] = defaultdict(OrderedDict)  # load -> its ranks, in order
-        self.lowest, self.idle = 0, 0  # the lowest load a rank can have (1 - the largest capacity); ranks holding none
-
-    def add(self, rank: int, capacity: int = 1) -> None:
-        """A rank ready for `capacity` tasks at once; one already here keeps what it holds (a new capacity)."""
-        n = self.held.get(rank, 0)
-        self.remove(rank)
-        self.held[rank], self.spare[rank] = n, capacity - 1
-        self.by_count[n - capacity + 1][rank] = None
-        self.lowest = min(self.lowest, 1 - capacity)
-        self.idle += n == 0
-
-    def remove(self, rank: int) -> None:
-        if (n := self.held.pop(rank, None)) is not None:
-            del self.by_count[n - self.spare.pop(rank)][rank]
-            self.idle -= n == 0
-
-    def change(self, rank: int, delta: int) -> None:
-        n, spare = self.held[rank], self.spare[rank]
-        del self.by_count[n - spare][rank]
-        self.held[rank] = n + delta
-        self.by_count[n + delta - spare][rank] = None
-        self.idle += (n + delta == 0) - (n == 0)
-
-    def capacity(self, rank: int) -> int:
-        return self.spare.get(rank, 0) + 1
-
-    def least_loaded(self, most: int) -> int | None:
-        """A rank of the lowest load (tasks held less its capacity, plus one), if that is at most `most` (queued)."""
-        for n in range(self.lowest, most + 1):
-            if self.by_count[n]:
-                return next(iter(self.by_count[n]))
-        return None
-
-    @property
-    def busy(self) -> int:
-        return len(self.held) - self.idle
-
-
 @dataclass
 class MasterState:
     """What the master knows of its workers, for progress displays and the utilisation figure."""
@@ -121,7 +71,7 @@ class MasterState:
     # ranks whose process MPI reports dead (ULFM: launch.mpi.failures_survivable): they hold up nobody's exit
     failed: set[int] = field(default_factory=set)
     slots: Slots = field(default_factory=Slots)  # tasks each worker rank holds
-    followers: set[int] = field(default_factory=set)  # ranks that take no task: a gang's (launch/gang.py)
+    followers: dict[int, int] = field(default_factory=dict)  # ranks that take no task -> their gang's leader
 
     @property
     def busy(self) -> int:
@@ -226,8 +176,8 @@ class _Serving:
             state.hosts[obj.rank], state.devices[obj.rank] = obj.host, obj.device
             if obj.capacity:
                 self.slots.add(obj.rank, obj.capacity)
-            else:  # it trains its gang leader's tasks
-                state.followers.add(obj.rank)
+            else:  # it trains its gang leader's tasks (launch/gang.py)
+                state.followers[obj.rank] = obj.leader
             self.heard[obj.rank] = time.time()
 
     def ended(self, now: float) -> bool:
@@ -252,7 +202,7 @@ class _Serving:
             self.give_up_silent_ranks(now)
             self.give_up_quiet_ranks(now)
             self.beacon.beat(now)
-            if len(state.lost | state.followers) == state.workers:
+            if len(state.lost | state.followers.keys()) == state.workers:
                 log.error("every worker rank that takes tasks stopped answering or failed (%s): ending the run",
                           ", ".join(map(str, sorted(state.lost))))
                 return True
@@ -349,6 +299,10 @@ class _Serving:
         self.slots.remove(rank)
         for i in held:
             self.give_up(i, Status.LOST, self.sent[i], now, f"worker rank {rank} {what}")
+        for follower in [f for f, lead in self.state.followers.items() if lead == rank and f not in self.state.lost]:
+            log.warning("worker rank %d's gang lost its leader: it takes tasks itself", follower)
+            del self.state.followers[follower]  # its Ready follows
+            self.send(Serve(), follower)
 
 
 def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None, prefetch: int | None = None,

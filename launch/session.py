@@ -112,10 +112,10 @@ def worker_main(comm: Any, preload: str | None = None) -> int:
             return started
         shared, device, liveness, watch, leader = started
         try:
-            if leader == comm.rank:
+            # a gang's follower (run.spread_ranks) trains its leader's tasks, and its own once the leader is lost
+            if leader == comm.rank or follower_serve(comm, supervisor.children[0].children, leader, device,
+                                                     liveness.interval, watch):
                 worker_serve(comm, supervisor, device, liveness, watch)
-            else:  # a gang's follower (run.spread_ranks): its children train its leader's tasks
-                follower_serve(comm, supervisor.children[0].children, leader, device, liveness.interval, watch)
         except MasterSilent as exc:  # rank 0 is stopped or hung: nobody else may end the job (a plain srun)
             log.error("worker rank %d on %s: %s", comm.rank, socket.gethostname(), exc)
             flush_then_abort(comm, EXIT_LOST)

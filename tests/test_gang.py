@@ -1,7 +1,8 @@
 """Gangs (launch/gang.py, run.spread_ranks): one candidate trained data-parallel over the trainer children of
 several worker ranks, under real MPI. A gang trains as one process would (the same fitness), its follower's
-failure is the task's with its rank named, and a follower that goes silent fails the task it holds and leaves the
-gang, which trains on alone. Across the nodes of the namespace cluster: tests/test_cluster.py."""
+failure is the task's with its rank named, a follower that goes silent fails the task it holds and leaves the
+gang, which trains on alone, and the follower of a lost leader takes tasks itself. Across the nodes of the
+namespace cluster: tests/test_cluster.py."""
 from __future__ import annotations
 
 import json
@@ -72,3 +73,14 @@ def test_a_silent_follower_fails_the_task_it_holds_and_the_gang_trains_on_withou
     assert first["status"] == "crashed" and "gang follower rank 2" in first["error"], out
     assert "stopped answering" in first["error"] and first["error"].startswith("spread member 1 of 2"), out
     assert second["status"] == "ok" and second["spread"] == 1, out  # the leader alone
+
+
+@pytest.mark.mpi
+@pytest.mark.timeout(300)
+def test_the_follower_of_a_lost_leader_takes_tasks_itself():
+    proc, results = run_script(3, "leader-frozen")
+    out = describe_run(proc)
+    assert proc.returncode == EXIT_LOST, out
+    assert "lost ranks=[1]" in proc.stdout and "followers=[]" in proc.stdout, out  # rank 2 serves the master now
+    assert results[1]["status"] == "lost" and results[1]["rank"] == 1, out
+    assert results[2]["status"] == "ok" and results[2]["rank"] == 2 and results[2]["spread"] == 1, out

@@ -1,5 +1,5 @@
 """Packing (launch/packing.py): one worker rank trains several candidates at once on its device, the master counts
-its capacity in candidates (runtime.Slots), a candidate that ran out of memory beside others runs again alone.
+its capacity in candidates (slots.Slots), a candidate that ran out of memory beside others runs again alone.
 
 The MPI jobs are this file run as a script under real MPI (`python tests/test_packing.py MODE DIR PACK`): rank 0
 serves a fixed list of tasks, the worker rank runs them in real trainer children."""
@@ -15,7 +15,7 @@ from galapagos.config import RunConfig
 from galapagos.evolve.errors import ConfigError
 from galapagos.launch.packing import PACK_MAX, auto_capacity, out_of_memory
 from galapagos.launch.protocol import Result, Status
-from galapagos.launch.runtime import Slots
+from galapagos.launch.slots import Slots
 from tests.mpirun import describe_run, run_mpi
 
 TASKS = {"noted": "tests.faulty_tasks:noted", "oom": "tests.faulty_tasks:oom_when_crowded"}

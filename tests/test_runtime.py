@@ -11,6 +11,7 @@ from galapagos.launch.protocol import (EXIT_LOST, TAG, Cancel, Progress, RankFai
                                        Stopped, Task)
 from galapagos.launch.runtime import MasterState, master_serve
 from galapagos.launch.session import abort_if_lost
+from galapagos.launch.slots import Slots
 
 
 # -- the fake MPI world ----------------------------------------------------------------------------------------------
@@ -609,7 +610,7 @@ def test_an_empty_source_stops_the_workers_at_once():
 
 
 def test_slots_find_the_least_loaded_rank_and_count_the_busy_ones():
-    slots = runtime.Slots()
+    slots = Slots()
     for rank in (1, 2, 3):
         slots.add(rank)
     assert slots.least_loaded(0) == 1 and slots.busy == 0

@@ -5,7 +5,8 @@ each of rank 1's tasks together. Prints one `RESULT {json}` line per task.
 `follower-fails`: the follower's child runs out of memory in each task;
 `frozen`: rank 2 and its trainer child stop (SIGSTOP) two seconds into the first, long, task: its leader fails
 that task once rank 2 has been silent for the worker timeout and trains the next one without it; the master gives
-rank 2 up and ends the job with EXIT_LOST.
+rank 2 up and ends the job with EXIT_LOST. `leader-frozen`: the same of rank 1, the leader: the master gives it
+and its task up, and rank 2 takes the next task itself.
 """
 import json
 import logging
@@ -24,7 +25,7 @@ from tests.test_spread import GENOME, PROBLEM
 mode = sys.argv[1]
 LIVENESS = Liveness(interval=0.5, worker_timeout=3.0, master_timeout=30.0)
 TASK_FN = "tests.test_spread:fails_in_follower" if mode == "follower-fails" else "tests.test_spread:trained"
-EPOCHS = {"train": [2, 2, 2, 2], "follower-fails": [1, 1], "frozen": [300, 1]}[mode]
+EPOCHS = {"train": [2, 2, 2, 2], "follower-fails": [1, 1], "frozen": [300, 1], "leader-frozen": [300, 1]}[mode]
 
 
 class Tasks:
@@ -59,20 +60,19 @@ class Tasks:
         pass
 
 
-def freeze_rank_2():
-    """Rank 2 stops its trainer children and itself two seconds into serving (a frozen node)."""
-    serve = session.follower_serve
-
-    def freezing(comm, children, *args, **kwargs):
+def freezing(serve, children):
+    """`serve`, made to stop its rank's trainer children (`children` of its arguments) and the rank itself two
+    seconds after it starts (a frozen node)."""
+    def frozen(*args, **kwargs):
         def freeze():
             print(f"frozen at={time.time():.3f}", flush=True)
-            for child in children:
+            for child in children(*args):
                 if child.proc is not None:
                     os.kill(child.proc.pid, signal.SIGSTOP)
             os.kill(os.getpid(), signal.SIGSTOP)
         threading.Timer(2.0, freeze).start()
-        serve(comm, children, *args, **kwargs)
-    session.follower_serve = freezing
+        return serve(*args, **kwargs)
+    return frozen
 
 
 comm = world()
@@ -84,5 +84,7 @@ if comm.rank == 0:
     session.abort_if_lost(comm, state)
 else:
     if mode == "frozen" and comm.rank == 2:
-        freeze_rank_2()
+        session.follower_serve = freezing(session.follower_serve, lambda comm, children, *_: children)
+    if mode == "leader-frozen" and comm.rank == 1:
+        session.worker_serve = freezing(session.worker_serve, lambda comm, pack, *_: pack.children[0].children[:1])
     session.worker_main(comm)
