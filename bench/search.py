@@ -293,18 +293,19 @@ def main(argv: list[str] | None = None) -> None:
                     f"{', '.join(OPTUNA)} with --contestants)")
     rows = saved_rows(args.results, args)
     if not args.table_only:
-        rows += run(args)
+        rows += run(args, rows)
     print(table(rows, args.datasets, args.contestants, HELD_OUT, PAIRED))
     if args.readme:
         write_readme(args.readme, summary(rows, args.datasets, args.contestants, args.seeds, minutes=args.minutes,
                                           workers=args.workers, held_out=HELD_OUT), argv)
 
 
-def run(args: argparse.Namespace) -> list[dict]:
-    """The runs `args` asks for that its --results file does not hold yet, one after another: their rows."""
+def run(args: argparse.Namespace, held: list[dict]) -> list[dict]:
+    """The runs `args` asks for that are not among the rows `held` (its --results file's), one after another:
+    their rows."""
     cores = args.cores or sorted(os.sched_getaffinity(0))[:args.workers]
     os.sched_setaffinity(0, cores)  # every contestant's processes inherit it
-    held, new = {(r["dataset"], r["contestant"], r["seed"]) for r in saved_rows(args.results, args)}, []
+    done, new = {(r["dataset"], r["contestant"], r["seed"]) for r in held}, []
     where = machine()
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or Path(tmp)
@@ -316,7 +317,7 @@ def run(args: argparse.Namespace) -> list[dict]:
             generate(data, **kwargs)
             for seed in args.seeds:
                 for contestant in args.contestants:
-                    if (name, contestant, seed) in held:
+                    if (name, contestant, seed) in done:
                         continue
                     out = work / f"{name}-{contestant}-{seed}"
                     commit, t0 = code_version(), time.time()

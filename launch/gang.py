@@ -129,10 +129,6 @@ class Remote:
     def gone(self) -> bool:
         return self.link.gone
 
-    @property
-    def busy(self) -> bool:
-        return self.current is not None
-
     def start(self) -> None:  # the follower starts, places and stops its own children
         pass
 

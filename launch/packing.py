@@ -125,10 +125,6 @@ class Pack(Children):
         self.where = {"cores": cores, "device": device, "log_path": log_path}
         self.resize(pack if isinstance(pack, int) else 1)
 
-    def join(self, remotes: list) -> None:
-        """A gang leader's: its followers' children join its Spread group (launch/gang.py)."""
-        self.children[0].join(remotes)
-
     def resize(self, k: int) -> None:
         """`k` children (more are started at once); each gets its share of the rank's cores as threads."""
         while len(self.children) < k:
