@@ -59,7 +59,9 @@ def compare(rows: list[dict], a: str, b: str, datasets: list[str]) -> str:
     lines = [f"{a} against {b} over {', '.join(datasets)}: {len(every)} paired runs, mean difference "
              f"{statistics.mean(every):+.4f}, one-sided Wilcoxon signed-rank p = {wilcoxon_greater(every):.4f}"]
     for d in datasets:
-        if pairs[d]:
+        if len(pairs[d]) == 1:
+            lines.append(f"  {d}: 1 pair, difference {pairs[d][0]:+.4f}")
+        elif pairs[d]:
             low, high = bootstrap_ci(pairs[d])
             lines.append(f"  {d}: {len(pairs[d])} pairs, mean difference {statistics.mean(pairs[d]):+.4f} "
                          f"(95% bootstrap interval {low:+.4f} to {high:+.4f})")

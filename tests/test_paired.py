@@ -35,6 +35,8 @@ def test_runs_pair_by_dataset_and_seed_and_unfinished_ones_drop_out():
     text = compare(rows, "evolution", "tpe-best", ["spectra"])
     assert "2 paired runs" in text and "+0.1000" in text and "p = 0.2500" in text
     assert "no (dataset, seed) run" in compare(rows, "evolution", "tpe", ["spectra"])
+    one = compare(rows[:4], "evolution", "tpe-best", ["spectra"])  # one pair: its difference, no interval
+    assert "spectra: 1 pair, difference +0.1000" in one and "interval" not in one
 
 
 def test_a_results_file_skips_what_it_holds_and_refuses_other_settings(tmp_path):
