@@ -29,15 +29,15 @@ __all__ = ["lineages", "main"]
 
 def lineages(run: Path, data: Path) -> list[dict]:
     """One row per kept network of `run` (an evolution run directory) that evolved on `data`, best by validation
-    first: id, val, test, generations (trainings along its lineage, its own included), epochs (along it), its best
-    epoch, whether it is the run's pick."""
+    first: id, val, train and test scores, parameters, generations (trainings along its lineage, its own included),
+    epochs (along it), its best epoch, whether it is the run's pick."""
     rd = RunDir(run)
     records = rd.read_journal()
     by_id = {r.id: r for r in records}
     config = load_config(run / "config.toml", [])
-    info, arrays = load(str(data), ("test",))
+    info, arrays = load(str(data), ("train", "test"))
     problem = Problem.of_dataset(info)
-    x, y = (torch.from_numpy(a) for a in arrays["test"])
+    split = {name: tuple(torch.from_numpy(a) for a in arrays[name]) for name in ("train", "test")}
     pick = json.loads((run / "summary.json").read_text())["best"]["id"]
     rows = []
     with torch.no_grad():
@@ -49,7 +49,8 @@ def lineages(run: Path, data: Path) -> list[dict]:
                 generations += 1
                 epochs += len(a.curve)
                 a = by_id.get(a.inherits) if a.inherits is not None else None
-            rows.append({"id": r.id, "val": r.fitness, "test": score(r, rd.model_path(r.id), problem, config, x, y),
+            on = {name: score(r, rd.model_path(r.id), problem, config, *split[name]) for name in split}
+            rows.append({"id": r.id, "val": r.fitness, **on, "params": r.params,
                          "generations": generations, "epochs": epochs, "best_epoch": r.metrics.get("best_epoch"),
                          "pick": r.id == pick})
     return rows
@@ -68,9 +69,11 @@ def main(argv: list[str] | None = None) -> None:
         dataset = run.name.split("-evolution")[0]
         rows = lineages(run, run.parent / f"{dataset}.h5")
         print(f"{run}: {len(rows)} kept networks")
-        print("| id | val | test | val - test | generations | epochs | best epoch | pick |\n" + "|---" * 8 + "|")
+        print("| id | val | test | val - test | train | parameters | generations | epochs | best epoch | pick |\n"
+              + "|---" * 10 + "|")
         for r in rows:
-            print(f"| {r['id']} | {r['val']:.4f} | {r['test']:.4f} | {r['val'] - r['test']:+.4f} | {r['generations']} "
+            print(f"| {r['id']} | {r['val']:.4f} | {r['test']:.4f} | {r['val'] - r['test']:+.4f} | {r['train']:.4f} "
+                  f"| {r['params']:,} | {r['generations']} "
                   f"| {r['epochs']} | {r['best_epoch']} | {'yes' if r['pick'] else ''} |")
             gaps.append(r["val"] - r["test"])
             depth.append(r["generations"])

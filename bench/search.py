@@ -4,7 +4,7 @@
     python -m bench.search --datasets signals shapes cosmoflow tabular --seeds 0 1 2 --minutes 1.5 --workers 2
     python -m bench.search --contestants evolution expert ...   # a part of the field
 
-Eleven contestants search the same space for the same data, one after another on the same cores, and an expert
+Twelve contestants search the same space for the same data, one after another on the same cores, and an expert
 trains a hand-written network there (bench/PROTOCOL.md says which answer what):
 - `evolution`, `random`: `galapagos evolve --strategy evolution|random --workers W --budget-minutes M`;
   `evolution-no-priors` the same with `evolution.priors = false` (the algorithm's share without the priors'),
@@ -13,7 +13,8 @@ trains a hand-written network there (bench/PROTOCOL.md says which answer what):
   of 8 children bred per ask, the one a model of the results predicts best), `evolution-holdout` with
   `train.holdout = 0.5` (galapagos/flows/final_pick.py: the best networks re-scored on half the validation rows),
   `evolution-cost` with `evolution.cost_aware = true` (at a fitness within `cost_tolerance` of a tournament's
-  fittest, fewer parameters win);
+  fittest, fewer parameters win), `evolution-shrink` with `train.inherit_shrink = 0.5` (evolve/inherit.py: a child's
+  inherited weights start halfway back to a fresh initialisation);
 - `tpe`, `optuna-random`: W processes sharing one Optuna study (a journal file), TPESampler or RandomSampler
   seeded by 1000 * seed + process, MedianPruner with the config's `run.prune_after` and `run.prune_min_results`;
   `tpe-best` is TPE at its best: multivariate, constant liar, HyperbandPruner, warm-started with evolution's prior
@@ -109,7 +110,7 @@ DATASETS = {  # name -> (generator, its arguments, its configs in CONFIGS): each
 }
 HELD_OUT = ("spectra", "fields")  # the protocol's evidence (bench/PROTOCOL.md); the others were tuned on
 CONTESTANTS = ("evolution", "evolution-no-priors", "evolution-rungs", "evolution-surrogate", "evolution-holdout",
-               "evolution-cost", "random", "tpe", "tpe-best", "optuna-random", "expert")
+               "evolution-cost", "evolution-shrink", "random", "tpe", "tpe-best", "optuna-random", "expert")
 VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, and the settings they add
     "evolution": ("evolution", []), "random": ("random", []),
     "evolution-no-priors": ("evolution", ["evolution.priors=false"]),  # the algorithm's share without the priors'
@@ -117,9 +118,11 @@ VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, a
     "evolution-surrogate": ("evolution", ["evolution.surrogate=8"]),  # the best predicted of 8 children asked
     "evolution-holdout": ("evolution", ["train.holdout=0.5"]),  # the final pick on half the validation rows
     "evolution-cost": ("evolution", ["evolution.cost_aware=true"]),  # at nearly equal fitness the smaller network
+    "evolution-shrink": ("evolution", ["train.inherit_shrink=0.5"]),  # inherited weights halfway to a fresh start
 }
 PAIRED = (("evolution", "tpe-best"), ("evolution", "tpe"), ("evolution-rungs", "evolution"),  # tested, a minus b
-          ("evolution-surrogate", "evolution"), ("evolution-holdout", "evolution"), ("evolution-cost", "evolution"))
+          ("evolution-surrogate", "evolution"), ("evolution-holdout", "evolution"), ("evolution-cost", "evolution"),
+          ("evolution-shrink", "evolution"))
 EXPERT_TIME_USED = 0.85  # of the time left that the expert's longer training is planned to take (a margin for noise)
 CONFIGS = Path(__file__).parent / "search_configs"
 

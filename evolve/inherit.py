@@ -5,6 +5,13 @@ shapes, as a diff aligns lines (difflib): a mutated learning rate or activation 
 removed layer shifts the rest without losing them, a changed width drops the layers whose shapes changed. What
 does not match keeps its fresh initialisation. Real et al. (2017, "Large-Scale Evolution of Image Classifiers")
 let children inherit this way so that training is not restarted from scratch at every step of the search.
+
+A warm start generalises worse than a fresh one trained to the same loss (Ash & Adams, 2020, "On Warm-Starting
+Neural Network Training": their remedy shrinks the old weights and perturbs them). Along a lineage the warm starts
+compound: each generation trains its parent's weights on, to the point of memorising a small training split, and its
+validation score, selected on at every generation, does not show it. `shrink` < 1 starts each inherited parameter
+at shrink * the parent's + (1 - shrink) * its own fresh initialisation; buffers (batch norm's running statistics)
+are inherited as they are, and re-estimated by the first batches.
 """
 from __future__ import annotations
 
@@ -26,9 +33,10 @@ def _layers(state: dict[str, torch.Tensor]) -> list[tuple[str, tuple]]:
     return [(module, tuple(tensors)) for module, tensors in layers.items()]
 
 
-def inherit_weights(model: torch.nn.Module, parent: dict[str, torch.Tensor]) -> float:
-    """Copy `parent`'s tensors (a state_dict) into `model` where the layers match; returns the fraction of the
-    model's parameters that were inherited (0.0 when nothing matched)."""
+def inherit_weights(model: torch.nn.Module, parent: dict[str, torch.Tensor], shrink: float = 1.0) -> float:
+    """Copy `parent`'s tensors (a state_dict) into `model` where the layers match, its parameters shrunk towards the
+    model's own initialisation by `shrink` (1: as they are); returns the fraction of the model's parameters that were
+    inherited (0.0 when nothing matched)."""
     own = model.state_dict()
     a, b = _layers(parent), _layers(own)
     matcher = difflib.SequenceMatcher(None, [t for _, t in a], [t for _, t in b], autojunk=False)
@@ -37,8 +45,10 @@ def inherit_weights(model: torch.nn.Module, parent: dict[str, torch.Tensor]) -> 
         for i in range(block.size):
             (pa, tensors), (pb, _) = a[block.a + i], b[block.b + i]
             copied.update({f"{pb}.{name}": parent[f"{pa}.{name}"] for name, _ in tensors})
+    params = dict(model.named_parameters())
+    if shrink < 1.0:
+        copied = {k: shrink * v + (1.0 - shrink) * own[k] if k in params else v for k, v in copied.items()}
     if copied:
         model.load_state_dict({**own, **copied})
-    params = dict(model.named_parameters())
     total = sum(p.numel() for p in params.values())
     return sum(params[k].numel() for k in copied if k in params) / max(total, 1)

@@ -39,6 +39,8 @@ class TrainConfig(Table):
     mixed_precision: bool = True  # on GPUs only
     builder: str = ""  # "module:function" making each network from its genome; "" = Galapagos's own (GenomeNet)
     inherited_epochs: int = 0  # epochs of a child that inherited at least half its parameters; 0 = epochs
+    inherit_shrink: float = 1.0  # a child's inherited parameters start at this share of its parent's plus the rest
+    # of a fresh initialisation's (evolve/inherit.py); 1 = the parent's as they are
     memory_format: str = "auto"  # conv nets: "auto" (channels-last for 2D on GPUs), "channels_last", "contiguous"
     compile: bool = False  # torch.compile each candidate: pays only where training is long against the compile
     cuda_graphs: bool = True  # on CUDA GPUs: each full batch's forward and backward replayed as two CUDA graphs
@@ -51,6 +53,7 @@ class TrainConfig(Table):
                 ("max_train_samples", self.max_train_samples >= 0, "at least 0 (0 = the whole training split)"),
                 ("eval_batch_size", self.eval_batch_size >= 1, "at least 1"),
                 ("inherited_epochs", 0 <= self.inherited_epochs <= self.epochs, f"0 to epochs ({self.epochs})"),
+                ("inherit_shrink", 0 < self.inherit_shrink <= 1, "a share above 0, up to 1 (as inherited)"),
                 ("grad_clip", self.grad_clip >= 0, "at least 0"),
                 ("warmup", 0 < self.warmup < 1, "a share between 0 and 1"),
                 ("holdout", 0 <= self.holdout < 1, "a share from 0 (none) up to 1"),

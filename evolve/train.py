@@ -74,7 +74,7 @@ def _prepared_model(genome: Genome, problem: Problem, config: TrainConfig, devic
     memory format or None)."""
     model = build_model(genome, problem, builder=config.builder)
     set_normalization(model, **(stats or normalization_stats(xtr, ytr, problem.task)))
-    inherited = inherit_weights(model, parent) if parent else None
+    inherited = inherit_weights(model, parent, config.inherit_shrink) if parent else None
     model.to(device)
     if (fmt := memory_format(model, device, config.memory_format)) is not None:
         to_memory_format(model, fmt)

@@ -68,6 +68,24 @@ def test_a_wider_layer_starts_fresh_and_its_neighbours_inherit():
     assert same(state["dense.2.weight"], parent["dense.2.weight"])  # the output layer: same shape again
 
 
+def test_a_shrunk_inheritance_starts_between_the_parent_and_a_fresh_network():
+    normed = PARENT.replace(layers=(PARENT.layers[0], Gene("norm", kind="batch"), *PARENT.layers[1:]))
+    parent = trained(normed)
+    buffers = [k for k in parent if k.endswith("running_mean")]
+    for k in buffers:
+        parent[k] += 2.0  # running statistics of its own, unlike a fresh network's
+    torch.manual_seed(0)
+    fresh = build_model(normed, IMAGE).state_dict()
+    torch.manual_seed(0)
+    model = build_model(normed, IMAGE)
+    assert inherit_weights(model, parent, shrink=0.25) == 1.0
+    state, params = model.state_dict(), dict(model.named_parameters())
+    assert all(torch.allclose(state[k], 0.25 * parent[k] + 0.75 * fresh[k]) for k in params)
+    assert buffers and all(same(state[k], parent[k]) for k in buffers)  # buffers as they are
+    with pytest.raises(Exception, match="train.inherit_shrink: expected a share above 0"):
+        TrainConfig(inherit_shrink=0.0)
+
+
 def test_nothing_in_common_inherits_nothing():
     model = build_model(Genome(layers=(Gene("dense", units=8, act="tanh"),), optimizer="adam", lr=1e-3,
                                batch_size=32), Problem((5,), "regression", 2))
