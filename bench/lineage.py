@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     runs = [d for top in args.dirs for d in ([top] if (top / "results.jsonl").exists()
                                              else sorted(top.glob("*-evolution*-*")) if top.is_dir() else [])
-            if (d / "results.jsonl").exists()]
+            if (d / "summary.json").exists()]  # a finished run (an abandoned one has no summary)
     gaps, depth = [], []
     for run in runs:
         dataset = run.name.split("-evolution")[0]
