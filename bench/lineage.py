@@ -48,7 +48,7 @@ def lineages(run: Path, data: Path) -> list[dict]:
             while a is not None:
                 generations += 1
                 epochs += len(a.curve)
-                a = by_id.get(a.inherits) if a.inherits is not None else None
+                a = by_id.get(a.inherits)  # None: a fresh start
             on = {name: score(r, rd.model_path(r.id), problem, config, *split[name]) for name in split}
             rows.append({"id": r.id, "val": r.fitness, **on, "params": r.params,
                          "generations": generations, "epochs": epochs, "best_epoch": r.metrics.get("best_epoch"),

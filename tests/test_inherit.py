@@ -82,7 +82,8 @@ def test_a_shrunk_inheritance_starts_between_the_parent_and_a_fresh_network():
     state, params = model.state_dict(), dict(model.named_parameters())
     assert all(torch.allclose(state[k], 0.25 * parent[k] + 0.75 * fresh[k]) for k in params)
     assert buffers and all(same(state[k], parent[k]) for k in buffers)  # buffers as they are
-    with pytest.raises(Exception, match="train.inherit_shrink: expected a share above 0"):
+    from galapagos.evolve.errors import ConfigError
+    with pytest.raises(ConfigError, match="train.inherit_shrink: expected a share above 0"):
         TrainConfig(inherit_shrink=0.0)
 
 
