@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from galapagos.evolve.build import build_model
+from galapagos.evolve.errors import ConfigError
 from galapagos.evolve.genome import Gene, Genome
 from galapagos.evolve.inherit import inherit_weights
 from galapagos.evolve.problem import Problem
@@ -82,7 +83,6 @@ def test_a_shrunk_inheritance_starts_between_the_parent_and_a_fresh_network():
     state, params = model.state_dict(), dict(model.named_parameters())
     assert all(torch.allclose(state[k], 0.25 * parent[k] + 0.75 * fresh[k]) for k in params)
     assert buffers and all(same(state[k], parent[k]) for k in buffers)  # buffers as they are
-    from galapagos.evolve.errors import ConfigError
     with pytest.raises(ConfigError, match="train.inherit_shrink: expected a share above 0"):
         TrainConfig(inherit_shrink=0.0)
 
@@ -129,7 +129,6 @@ def test_children_of_a_run_inherit_and_the_population_keeps_its_weights(shapes_f
 
 def test_a_child_that_inherits_most_of_its_parent_trains_inherited_epochs(shapes_file):  # noqa: F811
     from galapagos.datashare.format import load
-    from galapagos.evolve.errors import ConfigError
     from galapagos.evolve.train import train_candidate
     _, splits = load(shapes_file, ("train", "val"))
     data = {split: tuple(torch.from_numpy(a) for a in xy) for split, xy in splits.items()}
