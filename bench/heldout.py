@@ -7,9 +7,19 @@ Two scientific sets unlike the bundled ones, written and committed before any ru
 - `fields`: 1x32x32 periodic random fields of six kinds: three power-spectrum slopes, each Gaussian or lognormal
   (skewed), every field scaled to zero mean and unit variance, in white noise. The class is in global statistics
   (how power spreads over scales, the one-point distribution's skew), not in any local shape.
-Their difficulty was set by reasoning alone (no network trained on them): per-sample line strengths down to about
-one noise sigma, line ratios and slopes jittered towards the neighbouring class, noise that hides the small scales
-where slopes differ most, skews as weak as a few tenths, so that no network should reach every sample.
+Round 2 (bench/PROTOCOL.md), two more, written after the shrunk-inheritance pilot's verdict and committed before
+any run on them:
+- `lightcurves`: 1x256 brightness time series of six kinds of variable source that differ by the shape of one
+  cycle (a sinusoid, a sawtooth, detached or contact eclipses, a transit) or by having none (flares), at a random
+  period, phase and amplitude, on a drifting baseline in noise. The class is in the shape, not in the period.
+- `tracks`: 1x32x32 detector images of six kinds of event from a vertex: one straight track, one track bending left
+  or right, two or three prongs, or a shower of short segments, among noise hits; a bright deposit marks the
+  vertex. The class is in the topology and the handedness of local shapes, not in a global statistic.
+The difficulty of all four was set by reasoning alone (no network trained on them): per-sample line strengths down
+to about one noise sigma, line ratios and slopes jittered towards the neighbouring class, noise that hides the small
+scales where slopes differ most, skews as weak as a few tenths; cycle shapes jittered towards their neighbour
+(eclipse depths, a sawtooth's rise) under noise near a third of the amplitude; bends as gentle as a radius of 30
+pixels and prongs as close as 0.35 radians, among noise hits; so that no network should reach every sample.
 """
 from __future__ import annotations
 
@@ -37,6 +47,9 @@ SPECTRA = {
 DOUBLET = 0.018  # separation of the doublet's two components, fraction of the band (at rest)
 FIELD_SLOPES = (1.5, 2.25, 3.0)  # P(k) ~ k^-slope
 FIELD_CLASSES = tuple(f"{kind}_{slope:g}" for kind in ("gaussian", "lognormal") for slope in FIELD_SLOPES)
+# Round 2 (bench/PROTOCOL.md): the kinds of variable source and of detector event
+LIGHTCURVES = ("sinusoid", "sawtooth", "detached", "contact", "transit", "flares")
+TRACKS = ("straight", "left", "right", "two_prong", "three_prong", "shower")
 
 
 def spectra(out_path: str | Path, *, samples: int = 5000, length: int = 256, noise: float = 0.25, seed: int = 0,
@@ -112,3 +125,118 @@ def fields(out_path: str | Path, *, samples: int = 4000, size: int = 32, noise: 
         description=(f"{size}x{size} periodic random fields, P(k) ~ k^-slope for slopes {FIELD_SLOPES} (+-0.3), "
                      f"Gaussian or lognormal, unit variance, white noise sigma about {noise:g} (seed {seed}); "
                      "bench/heldout.py"))
+
+
+def _cycle(name: str, phase: np.ndarray, shape: np.ndarray, depth2: np.ndarray) -> np.ndarray:
+    """One kind's brightness at ``phase`` (0-1 in its cycle), peak to peak about 1. ``shape`` (0-1) and ``depth2``
+    (0-1) jitter each kind towards its neighbour: the sawtooth's rise, the eclipses' widths, the second minimum."""
+    if name == "sinusoid":
+        return 0.5 * np.cos(2.0 * np.pi * phase)
+    if name == "sawtooth":  # a fast rise over 8-30% of the cycle, then a slow linear decline
+        rise = 0.08 + 0.22 * shape
+        return np.where(phase < rise, phase / rise, (1.0 - phase) / (1.0 - rise)) - 0.5
+    if name == "detached":  # two narrow eclipses half a cycle apart, the second 15-70% as deep
+        w = 0.025 + 0.035 * shape
+        dip = lambda c: np.exp(-0.5 * (np.minimum(np.abs(phase - c), 1.0 - np.abs(phase - c)) / w) ** 2)
+        return 0.5 - dip(0.0) - (0.15 + 0.55 * depth2) * dip(0.5)
+    if name == "contact":  # continuous light variation with two minima per cycle, the second 70-95% as deep
+        weight = 1.0 - (0.3 - 0.25 * depth2) * (1.0 - np.cos(2.0 * np.pi * phase)) / 2.0
+        return -0.5 * np.cos(4.0 * np.pi * phase) * weight
+    if name == "transit":  # one flat-bottomed dip per cycle, 5-12% of it long, nothing at half a cycle
+        half = 0.025 + 0.035 * shape
+        edge = np.clip((half - np.minimum(phase, 1.0 - phase)) / (0.3 * half), 0.0, 1.0)
+        return 0.5 - edge
+    raise ValueError(f"unknown light curve kind {name!r}")
+
+
+def lightcurves(out_path: str | Path, *, samples: int = 5000, length: int = 256, noise: float = 0.3, seed: int = 0,
+                fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)) -> DatasetInfo:
+    """Write the light curves (train/val/test, balanced classes) to ``out_path``; deterministic for a given seed."""
+    if length < 128:
+        raise ValueError(f"length must be at least 128 points, got {length}")
+    rng = np.random.default_rng(seed)
+    label = rng.permutation(np.arange(samples) % len(LIGHTCURVES))
+    # every sample draws all parameters, so the stream of random numbers does not depend on the labels
+    t = (np.arange(length) + 0.5) / length
+    period = rng.uniform(1.0 / 10.0, 1.0 / 3.0, samples)[:, None]          # 3-10 cycles in the window
+    phase = (t / period + rng.uniform(0.0, 1.0, samples)[:, None]) % 1.0
+    amplitude = rng.uniform(0.4, 1.2, samples)[:, None]
+    shape, depth2 = rng.uniform(0.0, 1.0, (2, samples, 1))
+    flare_at = rng.uniform(-0.05, 1.0, (samples, 4))                       # up to four flares, some before the window
+    flare_on = rng.uniform(0.0, 1.0, (samples, 4)) < 0.6
+    flare_decay = rng.uniform(0.01, 0.04, (samples, 4))
+    drift = rng.normal(0.0, 0.3, samples)[:, None] * (t - 0.5) + rng.uniform(0.0, 0.3, samples)[:, None] * np.sin(
+        2.0 * np.pi * rng.uniform(0.3, 1.2, samples)[:, None] * t + rng.uniform(0.0, 2.0 * np.pi, samples)[:, None])
+    x = np.zeros((samples, length))
+    for c, name in enumerate(LIGHTCURVES):
+        rows = np.flatnonzero(label == c)
+        if name == "flares":  # aperiodic: a sudden rise and an exponential decay, at least one flare each
+            on = flare_on[rows] | (np.arange(4) == 0)
+            since = t[None, None, :] - flare_at[rows][:, :, None]
+            burst = np.where(since >= 0, np.exp(-np.maximum(since, 0) / flare_decay[rows][:, :, None]), 0.0)
+            x[rows] = (burst * on[:, :, None]).sum(axis=1) - 0.5
+        else:
+            x[rows] = _cycle(name, phase[rows], shape[rows], depth2[rows])
+    x = amplitude * x + drift + rng.normal(0.0, noise, x.shape)
+    return write_dataset(
+        out_path, consecutive_splits(x.astype(np.float32)[:, None], label, fractions), task="classification",
+        num_classes=len(LIGHTCURVES), name="lightcurves", target_names=LIGHTCURVES,
+        description=(f"1x{length} light curves of {len(LIGHTCURVES)} kinds of variable source, 3-10 cycles or "
+                     f"aperiodic flares, drifting baseline, Gaussian noise sigma {noise:g} (seed {seed}); "
+                     "bench/heldout.py"))
+
+
+def _paths(rng: np.random.Generator, name: str, vertex: np.ndarray) -> list[np.ndarray]:
+    """One event's tracks as arrays of (row, column) points 0.25 pixels apart, from ``vertex``."""
+    step = 0.25
+    angle = rng.uniform(0.0, 2.0 * np.pi)
+    if name in ("straight", "left", "right"):
+        length = rng.uniform(10.0, 20.0)
+        turn = {"straight": 0.0, "left": 1.0, "right": -1.0}[name] / rng.uniform(8.0, 30.0)  # 1 / radius, pixels
+        s = np.arange(0.0, length, step)
+        heading = angle + turn * s
+        return [vertex + np.cumsum(step * np.stack([np.sin(heading), np.cos(heading)], axis=1), axis=0)]
+    if name in ("two_prong", "three_prong"):
+        prongs = 2 if name == "two_prong" else 3
+        spread = rng.uniform(0.35, 1.2)  # radians between neighbouring prongs
+        headings = angle + spread * (np.arange(prongs) - (prongs - 1) / 2) + rng.normal(0.0, 0.1, prongs)
+        return [vertex + np.arange(step, rng.uniform(8.0, 18.0), step)[:, None] * np.array([np.sin(h), np.cos(h)])
+                for h in headings]
+    if name == "shower":  # 6-12 short segments in a cone, starting 2-8 pixels down its axis
+        pieces = []
+        for _ in range(rng.integers(6, 13)):
+            h = angle + rng.normal(0.0, 0.35)
+            start = vertex + rng.uniform(2.0, 8.0) * np.array([np.sin(angle), np.cos(angle)])
+            along = np.arange(0.0, rng.uniform(2.0, 5.0), step)[:, None]
+            pieces.append(start + along * np.array([np.sin(h), np.cos(h)]))
+        return pieces
+    raise ValueError(f"unknown track kind {name!r}")
+
+
+def tracks(out_path: str | Path, *, samples: int = 4000, size: int = 32, noise: float = 0.3, seed: int = 0,
+           fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)) -> DatasetInfo:
+    """Write the detector images (train/val/test, balanced classes) to ``out_path``; deterministic for a given
+    seed."""
+    if size < 24:
+        raise ValueError(f"size must be at least 24 pixels, got {size}")
+    rng = np.random.default_rng(seed)
+    label = rng.permutation(np.arange(samples) % len(TRACKS))
+    x = np.zeros((samples, size, size))
+    for i in range(samples):  # each event draws its own tracks: ragged, so one at a time
+        vertex = rng.uniform(0.3 * size, 0.7 * size, 2)
+        # the recoil's deposit at the vertex tells a track's start from its end: without it an arc bending left, read
+        # from its far end, bends right, and the two classes would be one
+        x[i, int(vertex[0]), int(vertex[1])] += rng.uniform(1.5, 2.5)
+        for path in _paths(rng, TRACKS[label[i]], vertex):
+            charge = rng.gamma(4.0, 0.25, len(path)) * rng.uniform(0.4, 1.0)  # fluctuating deposit along the track
+            r, c = np.floor(path).astype(int).T
+            keep = (r >= 0) & (r < size) & (c >= 0) & (c < size)
+            np.add.at(x[i], (r[keep], c[keep]), 0.4 * charge[keep])
+        hits = rng.poisson(6)  # noise hits: single bright pixels anywhere
+        x[i, rng.integers(0, size, hits), rng.integers(0, size, hits)] += rng.uniform(0.3, 1.0, hits)
+    x = np.minimum(x, 3.0) + rng.normal(0.0, noise, x.shape)  # the pixels saturate
+    return write_dataset(
+        out_path, consecutive_splits(x.astype(np.float32)[:, None], label, fractions), task="classification",
+        num_classes=len(TRACKS), name="tracks", target_names=TRACKS,
+        description=(f"{size}x{size} detector images of {len(TRACKS)} kinds of event from a vertex, noise hits, "
+                     f"Gaussian noise sigma {noise:g} (seed {seed}); bench/heldout.py"))

@@ -94,7 +94,7 @@ def summary(rows: list[dict], datasets: list[str], contestants: list[str], seeds
                 out += [f"- {first}"] + [f"  - {line.strip()}" for line in rest]
         out.append("")
     made = [r for r in rows if r["dataset"] in datasets and r["contestant"] in contestants]
-    out += [f"Machine: {_tally(made, 'machine')}. Code: {_tally(made, 'commit')}."]
+    out += [f"Machine: {_tally(made, 'machine')}. Code: {_tally(made, 'commit')}." if made else "No run yet."]
     return "\n".join(out)
 
 

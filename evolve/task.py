@@ -39,7 +39,7 @@ class TrainConfig(Table):
     mixed_precision: bool = True  # on GPUs only
     builder: str = ""  # "module:function" making each network from its genome; "" = Galapagos's own (GenomeNet)
     inherited_epochs: int = 0  # epochs of a child that inherited at least half its parameters; 0 = epochs
-    inherit_shrink: float = 1.0  # a child's inherited parameters start at this share of its parent's plus the rest
+    inherit_shrink: float = 0.5  # a child's inherited parameters start at this share of its parent's plus the rest
     # of a fresh initialisation's (evolve/inherit.py); 1 = the parent's as they are
     memory_format: str = "auto"  # conv nets: "auto" (channels-last for 2D on GPUs), "channels_last", "contiguous"
     compile: bool = False  # torch.compile each candidate: pays only where training is long against the compile

@@ -18,7 +18,9 @@ from galapagos.evolve.problem import Problem
 
 from bench import heldout
 
-CASES = [(heldout.spectra, (1, 256), 8), (heldout.fields, (1, 32, 32), 6)]
+CASES = [(heldout.spectra, (1, 256), 8), (heldout.fields, (1, 32, 32), 6), (heldout.lightcurves, (1, 256), 6),
+         (heldout.tracks, (1, 32, 32), 6)]
+NAMES = ["spectra", "fields", "lightcurves", "tracks"]
 
 
 def _arrays(generate, path, **kwargs) -> dict:
@@ -26,7 +28,7 @@ def _arrays(generate, path, **kwargs) -> dict:
     return arrays
 
 
-@pytest.mark.parametrize("generate, shape, classes", CASES, ids=["spectra", "fields"])
+@pytest.mark.parametrize("generate, shape, classes", CASES, ids=NAMES)
 def test_generators_write_valid_files_deterministic_by_seed(tmp_path, generate, shape, classes):
     info = validate(generate(tmp_path / "a.h5", samples=200, seed=3).path)
     assert (info.task, info.num_classes, tuple(info.sample_shape)) == ("classification", classes, shape)
@@ -85,13 +87,75 @@ def test_fields_classes_differ_by_their_spectral_slope_and_skew(tmp_path):
         assert skew[y == n + s].mean() > 0.5 > abs(skew[y == s].mean())
 
 
-@pytest.mark.parametrize("name, problem", [("spectra", Problem((1, 256), "classification", 8)),
-                                           ("fields", Problem((1, 32, 32), "classification", 6))])
-def test_bench_search_runs_the_heldout_sets_with_their_configs_and_experts(tmp_path, name, problem):
-    from bench.search import DATASETS, config_path, expert_path
+def _skew(v: np.ndarray) -> np.ndarray:
+    v = v - v.mean(axis=-1, keepdims=True)
+    return (v ** 3).mean(axis=-1) / (v ** 2).mean(axis=-1) ** 1.5
 
-    generate, kwargs, config = DATASETS[name]
-    assert generate is getattr(heldout, name) and config == name
+
+def test_lightcurves_classes_differ_by_the_shape_of_their_cycle(tmp_path):
+    x, y = _arrays(heldout.lightcurves, tmp_path / "l.h5", samples=3000)["train"]
+    x = x[:, 0].astype(float)
+    t = np.stack([np.ones(x.shape[1]), np.arange(x.shape[1])], axis=1)
+    r = x - (t @ np.linalg.lstsq(t, x.T, rcond=None)[0]).T  # without the baseline's linear drift
+    names = list(heldout.LIGHTCURVES)
+    skew = _skew(r)
+    # eclipses and transits are dips below the light's level, flares rises above it, a sinusoid neither
+    assert skew[y == names.index("flares")].mean() > 0.1 > abs(skew[y == names.index("sinusoid")].mean())
+    assert max(skew[y == names.index(n)].mean() for n in ("detached", "transit")) < -0.2
+    smooth = np.stack([np.convolve(row, np.ones(5) / 5, "valid") for row in r])
+    rises = _skew(np.diff(smooth))  # a sawtooth rises faster than it falls
+    assert rises[y == names.index("sawtooth")].mean() > 0.05 > abs(rises[y == names.index("sinusoid")].mean())
+    # every two classes differ beyond their noise in these and in their spectrum: how much power its strongest
+    # frequency holds, and which frequency that is (a contact binary's two minima a cycle double it)
+    power = np.abs(np.fft.rfft(r)) ** 2
+    power[:, :3] = 0
+    features = np.stack([skew, (r - r.mean(axis=1, keepdims=True)).std(axis=1), rises,
+                         power.max(axis=1) / power.sum(axis=1), np.log(power.argmax(axis=1))], axis=1)
+    shuffled = np.random.default_rng(0).permutation(y)
+    pairs = [(c, d) for c in range(len(names)) for d in range(c)]
+    assert min(_chi2(features, y, c, d) for c, d in pairs) > 100 > max(_chi2(features, shuffled, c, d)
+                                                                         for c, d in pairs)
+
+
+def test_tracks_classes_differ_by_their_topology_and_bend(tmp_path):
+    x, y = _arrays(heldout.tracks, tmp_path / "t.h5")["train"]
+    x = x[:, 0].astype(float)
+    n, size = x.shape[:2]
+    names = list(heldout.TRACKS)
+    # the brightest pixel is the vertex: the pixels well above the noise (4 sigma) around it are the event
+    rows, cols = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
+    vertex = x.reshape(n, -1).argmax(axis=1)
+    dr, dc = rows[None] - (vertex // size)[:, None, None], cols[None] - (vertex % size)[:, None, None]
+    w = np.where(x > 1.2, x, 0.0)
+    bright = (w > 0).sum(axis=(1, 2))
+    reach = np.sqrt((w * (dr ** 2 + dc ** 2)).sum(axis=(1, 2)) / (w.sum(axis=(1, 2)) + 1e-9))
+    mean = {name: (bright[y == c].mean(), reach[y == c].mean()) for c, name in enumerate(names)}
+    assert mean["three_prong"][0] > mean["two_prong"][0] + 3 > mean["straight"][0] + 6  # more prongs, more track
+    assert mean["shower"][1] < min(m[1] for name, m in mean.items() if name != "shower") - 1  # short segments
+    # the bend: the event's offset across its direction (vertex to centroid) fitted as a * along + b * along^2, and b's
+    # sign, positive for a track bending left, negative for one bending right, either for a straight one
+    t = w.sum(axis=(1, 2)) + 1e-9
+    ur, uc = (w * dr).sum(axis=(1, 2)) / t, (w * dc).sum(axis=(1, 2)) / t
+    norm = np.hypot(ur, uc) + 1e-9
+    along = (dr * ur[:, None, None] + dc * uc[:, None, None]) / norm[:, None, None]
+    across = (dr * uc[:, None, None] - dc * ur[:, None, None]) / norm[:, None, None]
+    design = np.stack([along, along ** 2], axis=-1).reshape(n, -1, 2)
+    weighted = design.transpose(0, 2, 1) * w.reshape(n, 1, -1)
+    fit = np.linalg.solve(weighted @ design + 1e-6 * np.eye(2), weighted @ across.reshape(n, -1, 1))
+    bend = {name: np.sign(fit[y == c, 1, 0]).mean() for c, name in enumerate(names)}
+    assert bend["left"] > 0.25 > abs(bend["straight"]) and bend["right"] < -0.25
+
+
+@pytest.mark.parametrize("name, problem, config", [
+    ("spectra", Problem((1, 256), "classification", 8), "spectra"),
+    ("fields", Problem((1, 32, 32), "classification", 6), "fields"),
+    ("lightcurves", Problem((1, 256), "classification", 6), "spectra"),  # round 2: round 1's config and expert
+    ("tracks", Problem((1, 32, 32), "classification", 6), "fields")])
+def test_bench_search_runs_the_heldout_sets_with_their_configs_and_experts(tmp_path, name, problem, config):
+    from bench.search import DATASETS, HELD_OUT, config_path, expert_path
+
+    generate, kwargs, its_config = DATASETS[name]
+    assert generate is getattr(heldout, name) and its_config == config and name in HELD_OUT
     assert Problem.of_dataset(generate(tmp_path / "d.h5", **{**kwargs, "samples": 120})) == problem
     assert config_path(name).exists() and load_config(config_path(name)).train.epochs > 0
     genome = Genome.from_json(expert_path(name).read_text())
