@@ -7,8 +7,8 @@ Two scientific sets unlike the bundled ones, written and committed before any ru
 - `fields`: 1x32x32 periodic random fields of six kinds: three power-spectrum slopes, each Gaussian or lognormal
   (skewed), every field scaled to zero mean and unit variance, in white noise. The class is in global statistics
   (how power spreads over scales, the one-point distribution's skew), not in any local shape.
-Round 2 (bench/PROTOCOL.md), two more, written after the shrunk-inheritance pilot's verdict and committed before
-any run on them:
+Round 2 (bench/PROTOCOL.md), two more, drafted while the shrunk-inheritance pilot ran and committed with round 2's
+protocol, before any run on them:
 - `lightcurves`: 1x256 brightness time series of six kinds of variable source that differ by the shape of one
   cycle (a sinusoid, a sawtooth, detached or contact eclipses, a transit) or by having none (flares), at a random
   period, phase and amplitude, on a drifting baseline in noise. The class is in the shape, not in the period.
@@ -186,6 +186,11 @@ def lightcurves(out_path: str | Path, *, samples: int = 5000, length: int = 256,
                      "bench/heldout.py"))
 
 
+def _direction(heading):
+    """Unit (row, column) steps along ``heading`` (radians; an array of them gives one row each)."""
+    return np.stack([np.sin(heading), np.cos(heading)], axis=-1)
+
+
 def _paths(rng: np.random.Generator, name: str, vertex: np.ndarray) -> list[np.ndarray]:
     """One event's tracks as arrays of (row, column) points 0.25 pixels apart, from ``vertex``."""
     step = 0.25
@@ -193,22 +198,19 @@ def _paths(rng: np.random.Generator, name: str, vertex: np.ndarray) -> list[np.n
     if name in ("straight", "left", "right"):
         length = rng.uniform(10.0, 20.0)
         turn = {"straight": 0.0, "left": 1.0, "right": -1.0}[name] / rng.uniform(8.0, 30.0)  # 1 / radius, pixels
-        s = np.arange(0.0, length, step)
-        heading = angle + turn * s
-        return [vertex + np.cumsum(step * np.stack([np.sin(heading), np.cos(heading)], axis=1), axis=0)]
+        heading = angle + turn * np.arange(0.0, length, step)
+        return [vertex + np.cumsum(step * _direction(heading), axis=0)]
     if name in ("two_prong", "three_prong"):
         prongs = 2 if name == "two_prong" else 3
         spread = rng.uniform(0.35, 1.2)  # radians between neighbouring prongs
         headings = angle + spread * (np.arange(prongs) - (prongs - 1) / 2) + rng.normal(0.0, 0.1, prongs)
-        return [vertex + np.arange(step, rng.uniform(8.0, 18.0), step)[:, None] * np.array([np.sin(h), np.cos(h)])
-                for h in headings]
+        return [vertex + np.arange(step, rng.uniform(8.0, 18.0), step)[:, None] * _direction(h) for h in headings]
     if name == "shower":  # 6-12 short segments in a cone, starting 2-8 pixels down its axis
         pieces = []
         for _ in range(rng.integers(6, 13)):
             h = angle + rng.normal(0.0, 0.35)
-            start = vertex + rng.uniform(2.0, 8.0) * np.array([np.sin(angle), np.cos(angle)])
-            along = np.arange(0.0, rng.uniform(2.0, 5.0), step)[:, None]
-            pieces.append(start + along * np.array([np.sin(h), np.cos(h)]))
+            start = vertex + rng.uniform(2.0, 8.0) * _direction(angle)
+            pieces.append(start + np.arange(0.0, rng.uniform(2.0, 5.0), step)[:, None] * _direction(h))
         return pieces
     raise ValueError(f"unknown track kind {name!r}")
 

@@ -20,7 +20,6 @@ from bench import heldout
 
 CASES = [(heldout.spectra, (1, 256), 8), (heldout.fields, (1, 32, 32), 6), (heldout.lightcurves, (1, 256), 6),
          (heldout.tracks, (1, 32, 32), 6)]
-NAMES = ["spectra", "fields", "lightcurves", "tracks"]
 
 
 def _arrays(generate, path, **kwargs) -> dict:
@@ -28,7 +27,7 @@ def _arrays(generate, path, **kwargs) -> dict:
     return arrays
 
 
-@pytest.mark.parametrize("generate, shape, classes", CASES, ids=NAMES)
+@pytest.mark.parametrize("generate, shape, classes", CASES, ids=[g.__name__ for g, _, _ in CASES])
 def test_generators_write_valid_files_deterministic_by_seed(tmp_path, generate, shape, classes):
     info = validate(generate(tmp_path / "a.h5", samples=200, seed=3).path)
     assert (info.task, info.num_classes, tuple(info.sample_shape)) == ("classification", classes, shape)
@@ -50,6 +49,12 @@ def _chi2(x: np.ndarray, y: np.ndarray, c: int, d: int) -> float:
     """How far apart classes c and d's mean spectra are: squared z-scores of the difference, summed over points."""
     a, b = x[y == c], x[y == d]
     return float(((a.mean(axis=0) - b.mean(axis=0)) ** 2 / (a.var(axis=0) / len(a) + b.var(axis=0) / len(b))).sum())
+
+
+def _skew(v: np.ndarray) -> np.ndarray:
+    """Each row's skewness (over its last axis)."""
+    v = v - v.mean(axis=-1, keepdims=True)
+    return (v ** 3).mean(axis=-1) / (v ** 2).mean(axis=-1) ** 1.5
 
 
 def test_spectra_classes_differ_by_their_lines(tmp_path):
@@ -77,19 +82,13 @@ def test_fields_classes_differ_by_their_spectral_slope_and_skew(tmp_path):
     power = np.abs(np.fft.rfft2(x)) ** 2
     k = np.hypot(*np.meshgrid(np.fft.fftfreq(x.shape[1]), np.fft.rfftfreq(x.shape[2]), indexing="ij"))
     steepness = np.log(power[:, (k > 0) & (k < 0.1)].mean(axis=1) / power[:, k > 0.25].mean(axis=1))
-    centred = x - x.mean(axis=(1, 2), keepdims=True)
-    skew = (centred ** 3).mean(axis=(1, 2)) / (centred ** 2).mean(axis=(1, 2)) ** 1.5
+    skew = _skew(x.reshape(len(x), -1))
     n = len(heldout.FIELD_SLOPES)
     for kind in (0, 1):  # gaussian, lognormal: steeper slopes put more power on large scales
         by_slope = [steepness[y == kind * n + s].mean() for s in range(n)]
         assert all(b - a > 0.5 for a, b in zip(by_slope, by_slope[1:]))
     for s in range(n):  # lognormal fields are skewed, Gaussian ones not
         assert skew[y == n + s].mean() > 0.5 > abs(skew[y == s].mean())
-
-
-def _skew(v: np.ndarray) -> np.ndarray:
-    v = v - v.mean(axis=-1, keepdims=True)
-    return (v ** 3).mean(axis=-1) / (v ** 2).mean(axis=-1) ** 1.5
 
 
 def test_lightcurves_classes_differ_by_the_shape_of_their_cycle(tmp_path):
@@ -127,14 +126,13 @@ def test_tracks_classes_differ_by_their_topology_and_bend(tmp_path):
     vertex = x.reshape(n, -1).argmax(axis=1)
     dr, dc = rows[None] - (vertex // size)[:, None, None], cols[None] - (vertex % size)[:, None, None]
     w = np.where(x > 1.2, x, 0.0)
-    bright = (w > 0).sum(axis=(1, 2))
-    reach = np.sqrt((w * (dr ** 2 + dc ** 2)).sum(axis=(1, 2)) / (w.sum(axis=(1, 2)) + 1e-9))
+    bright, t = (w > 0).sum(axis=(1, 2)), w.sum(axis=(1, 2)) + 1e-9
+    reach = np.sqrt((w * (dr ** 2 + dc ** 2)).sum(axis=(1, 2)) / t)
     mean = {name: (bright[y == c].mean(), reach[y == c].mean()) for c, name in enumerate(names)}
     assert mean["three_prong"][0] > mean["two_prong"][0] + 3 > mean["straight"][0] + 6  # more prongs, more track
     assert mean["shower"][1] < min(m[1] for name, m in mean.items() if name != "shower") - 1  # short segments
     # the bend: the event's offset across its direction (vertex to centroid) fitted as a * along + b * along^2, and b's
     # sign, positive for a track bending left, negative for one bending right, either for a straight one
-    t = w.sum(axis=(1, 2)) + 1e-9
     ur, uc = (w * dr).sum(axis=(1, 2)) / t, (w * dc).sum(axis=(1, 2)) / t
     norm = np.hypot(ur, uc) + 1e-9
     along = (dr * ur[:, None, None] + dc * uc[:, None, None]) / norm[:, None, None]
