@@ -56,7 +56,8 @@ def compare(rows: list[dict], a: str, b: str, datasets: list[str]) -> str:
     every = [x for d in datasets for x in pairs[d]]
     if not every:
         return f"{a} against {b}: no (dataset, seed) run that both finished"
-    lines = [f"{a} against {b} over {', '.join(datasets)}: {len(every)} paired runs, mean difference "
+    runs = f"{len(every)} paired run" + "s" * (len(every) != 1)
+    lines = [f"{a} against {b} over {', '.join(datasets)}: {runs}, mean difference "
              f"{statistics.mean(every):+.4f}, one-sided Wilcoxon signed-rank p = {wilcoxon_greater(every):.4f}"]
     for d in datasets:
         if len(pairs[d]) == 1:

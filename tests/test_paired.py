@@ -37,6 +37,7 @@ def test_runs_pair_by_dataset_and_seed_and_unfinished_ones_drop_out():
     assert "no (dataset, seed) run" in compare(rows, "evolution", "tpe", ["spectra"])
     one = compare(rows[:4], "evolution", "tpe-best", ["spectra"])  # one pair: its difference, no interval
     assert "spectra: 1 pair, difference +0.1000" in one and "interval" not in one
+    assert "over spectra: 1 paired run, mean difference" in one
 
 
 def test_a_results_file_skips_what_it_holds_and_refuses_other_settings(tmp_path):
