@@ -47,16 +47,19 @@ def bootstrap_ci(diffs: list[float], resamples: int = 10_000, seed: int = 0,
     return float(np.quantile(means, (1 - level) / 2)), float(np.quantile(means, (1 + level) / 2))
 
 
-def compare(rows: list[dict], a: str, b: str, datasets: list[str]) -> str:
+def compare(rows: list[dict], a: str, b: str, datasets: list[str], *, one_machine: bool = False) -> str:
     """Lines for the table: `a` against `b` over `datasets`, paired by (dataset, seed) where both have a test
-    score; the differences are a's minus b's."""
-    score = {(r["dataset"], r["contestant"], r["seed"]): r["test"] for r in rows if r["test"] is not None}
-    pairs = {d: [score[d, a, s] - score[d, b, s] for (dd, c, s) in score if dd == d and c == a and (d, b, s) in score]
-             for d in datasets}
+    score, and with `one_machine` only two runs of one machine (each row names it); the differences are a's minus
+    b's."""
+    score = {(r["dataset"], r["contestant"], r["seed"], r["machine"] if one_machine else None): r["test"]
+             for r in rows if r["test"] is not None}
+    pairs = {d: [score[d, a, s, m] - score[d, b, s, m] for (dd, c, s, m) in score
+                 if dd == d and c == a and (d, b, s, m) in score] for d in datasets}
     every = [x for d in datasets for x in pairs[d]]
+    where = " on one machine" * one_machine
     if not every:
-        return f"{a} against {b}: no (dataset, seed) run that both finished"
-    runs = f"{len(every)} paired run" + "s" * (len(every) != 1)
+        return f"{a} against {b}: no (dataset, seed) run{where} that both finished"
+    runs = f"{len(every)} paired run" + "s" * (len(every) != 1) + where
     lines = [f"{a} against {b} over {', '.join(datasets)}: {runs}, mean difference "
              f"{statistics.mean(every):+.4f}, one-sided Wilcoxon signed-rank p = {wilcoxon_greater(every):.4f}"]
     for d in datasets:

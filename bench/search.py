@@ -55,6 +55,9 @@ lines (bench/search_report.py), so that its table is the rows' own:
     python -m bench.search --datasets spectra fields --contestants evolution tpe-best evolution-no-priors random \
         optuna-random expert --seeds 0 1 2 3 4 --minutes 20 --results bench/results/search-protocol.jsonl \
         --table-only --readme README.md
+
+`--pairs FILE` adds rows made for the pairing alone, in no cell of the table: evolution run again on the machine of
+another contestant's rows, so that each pair is two runs of one machine (bench/PROTOCOL.md, round 2).
 """
 from __future__ import annotations
 
@@ -258,7 +261,7 @@ def machine() -> str:
     return f"{model}, {os.cpu_count()} cores, {memory:.0f} GiB, {gpu}"
 
 
-def saved_rows(path: Path | None, args: argparse.Namespace) -> list[dict]:
+def saved_rows(path: Path | None, args: argparse.Namespace, flag: str = "--results") -> list[dict]:
     """The rows of `path` (bench/search.py's JSON lines) of the runs `args` asks for, made with its settings: a
     row carries its minutes, workers and space, and a file of other settings is refused."""
     if path is None or not path.exists():
@@ -266,7 +269,7 @@ def saved_rows(path: Path | None, args: argparse.Namespace) -> list[dict]:
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
     setting = {"minutes": args.minutes, "workers": args.workers, "default_space": args.default_space}
     if other := [r for r in rows if {k: r.get(k) for k in setting} != setting]:
-        raise SystemExit(f"--results {path}: row {other[0]} was made with other settings than {setting}")
+        raise SystemExit(f"{flag} {path}: row {other[0]} was made with other settings than {setting}")
     return [r for r in rows if r["dataset"] in args.datasets and r["contestant"] in args.contestants
             and r["seed"] in args.seeds]
 
@@ -289,6 +292,9 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", type=Path, help="a JSON-lines file of rows: a run already in it is not run again, "
                    "each new row is added as it is made, and the table is of all its rows of the chosen datasets, "
                    "contestants and seeds (a long protocol goes on across sessions; the table is made from it)")
+    p.add_argument("--pairs", type=Path, metavar="FILE", help="rows made for the pairing alone, in no cell of the "
+                   "table: evolution run again on the machine of another contestant's rows. With it, only two runs "
+                   "of one machine make a pair (bench/PROTOCOL.md, round 2)")
     p.add_argument("--table-only", action="store_true", help="run nothing: the table of --results's rows")
     p.add_argument("--readme", type=Path, metavar="FILE", help="also write the comparison of every contestant into "
                    "FILE, between its bench.search marker lines (the README's table: bench/search_report.py)")
@@ -302,13 +308,23 @@ def main(argv: list[str] | None = None) -> None:
         except ImportError:
             p.error("the Optuna contestants need optuna: pip install -e \".[bench]\" (or leave out "
                     f"{', '.join(OPTUNA)} with --contestants)")
+    if args.pairs and not args.pairs.is_file():
+        p.error(f"--pairs {args.pairs}: no such file")
     rows = saved_rows(args.results, args)
+    pairs = saved_rows(args.pairs, args, "--pairs") if args.pairs else None
     if not args.table_only:
         rows += run(args, rows)
-    print(table(rows, args.datasets, args.contestants, HELD_OUT, PAIRED))
+    if clash := {_run_of(r) for r in rows} & {_run_of(r) for r in pairs or []}:
+        p.error(f"--pairs {args.pairs} holds the run {sorted(clash)[0]} (dataset, contestant, seed, machine) that "
+                f"--results {args.results} holds too: a run is in one file")
+    print(table(rows, args.datasets, args.contestants, HELD_OUT, PAIRED, pairs))
     if args.readme:
         write_readme(args.readme, summary(rows, args.datasets, args.contestants, args.seeds, minutes=args.minutes,
-                                          workers=args.workers, held_out=HELD_OUT), argv)
+                                          workers=args.workers, held_out=HELD_OUT, pairs=pairs), argv)
+
+
+def _run_of(row: dict) -> tuple:
+    return row["dataset"], row["contestant"], row["seed"], row.get("machine")
 
 
 def run(args: argparse.Namespace, held: list[dict]) -> list[dict]:

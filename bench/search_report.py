@@ -26,9 +26,9 @@ def _scores(rows: list[dict], dataset: str, contestant: str) -> tuple[list[dict]
 
 
 def table(rows: list[dict], datasets: list[str], contestants: list[str], held_out: tuple[str, ...],
-          paired: tuple[tuple[str, str], ...]) -> str:
+          paired: tuple[tuple[str, str], ...], pairs: list[dict] | None = None) -> str:
     """One line per dataset and contestant, which of the others evolution's mean leads, and the paired tests of
-    `paired` over the held-out sets and over the others apart."""
+    `paired` over the held-out sets and over the others apart (with `pairs`, of one machine: _compare)."""
     lines = ["| dataset | contestant | test score | validation score | evaluations | runs |",
              "|---|---|---|---|---|---|"]
     for d in datasets:
@@ -45,9 +45,17 @@ def table(rows: list[dict], datasets: list[str], contestants: list[str], held_ou
             ahead = ", ".join(f"{c} {'yes' if means['evolution'] > m else 'no'}" for c, m in means.items()
                               if c != "evolution")
             verdicts.append(f"{d}: is evolution's mean test score ahead? {ahead}")
-    tests = [compare(rows, a, b, sets) for a, b in paired for sets in _groups(datasets, held_out)
+    tests = [_compare(rows, pairs, a, b, sets) for a, b in paired for sets in _groups(datasets, held_out)
              if {a, b} <= set(contestants)]
     return "\n".join(lines + [""] + verdicts + [""] + tests)
+
+
+def _compare(rows: list[dict], pairs: list[dict] | None, a: str, b: str, datasets: list[str]) -> str:
+    """`a` against `b`, paired by (dataset, seed); with `pairs` (rows in no cell: a contestant run again on the
+    machine of another's rows, bench/PROTOCOL.md), only two runs of one machine make a pair."""
+    if pairs is None:
+        return compare(rows, a, b, datasets)
+    return compare(rows + pairs, a, b, datasets, one_machine=True)
 
 
 def _groups(datasets: list[str], held_out: tuple[str, ...]) -> list[list[str]]:
@@ -61,16 +69,20 @@ def _tally(rows: list[dict], key: str) -> str:
 
 
 def summary(rows: list[dict], datasets: list[str], contestants: list[str], seeds: list[int], *, minutes: float,
-            workers: int, held_out: tuple[str, ...]) -> str:
+            workers: int, held_out: tuple[str, ...], pairs: list[dict] | None = None) -> str:
     """The README's comparison: per set of datasets (held out, then tuned on) a table of every contestant's mean
     and sd of test score and its mean evaluations, then evolution against each other contestant, paired by
-    (dataset, seed): the one-sided Wilcoxon p and the per-dataset bootstrap intervals; the machine and commits."""
+    (dataset, seed), with `pairs` on one machine (_compare): the one-sided Wilcoxon p and the per-dataset
+    bootstrap intervals; the machine and commits."""
     out = [f"{minutes:g} minutes a run from launch, {workers} training processes on {workers} cores, seeds "
            f"{', '.join(map(str, seeds))}, one run after another. Each cell: the test score (accuracy, or mean "
            "R² for a regression) of the network the contestant picked by validation, mean ± sd over the runs "
            "that finished, and the mean evaluations a run; a cell with fewer runs than seeds says how many. The "
            "primary test (bench/PROTOCOL.md) is evolution against tpe-best over the held-out sets: evolution is "
-           "better if p < 0.05; every other line is descriptive.", ""]
+           "better if p < 0.05; every other line is descriptive." + (
+               " Each pair is two runs on one machine: where evolution's run of a (dataset, seed) is from another "
+               "machine than the other contestant's, its pair is evolution run again on that machine (rows in no "
+               "cell, made for the pairing alone)." if pairs is not None else ""), ""]
     for group in _groups(datasets, held_out):
         title = ("Held out (the evidence: no default or setting was chosen on them)" if group[0] in held_out
                  else "Tuning sets (defaults were chosen on them: no evidence for those choices)")
@@ -90,11 +102,13 @@ def summary(rows: list[dict], datasets: list[str], contestants: list[str], seeds
         out.append("")
         for other in contestants:
             if other != "evolution" and "evolution" in contestants:
-                first, *rest = compare(rows, "evolution", other, group).splitlines()
+                first, *rest = _compare(rows, pairs, "evolution", other, group).splitlines()
                 out += [f"- {first}"] + [f"  - {line.strip()}" for line in rest]
         out.append("")
     made = [r for r in rows if r["dataset"] in datasets and r["contestant"] in contestants]
     out += [f"Machine: {_tally(made, 'machine')}. Code: {_tally(made, 'commit')}." if made else "No run yet."]
+    if pairs:
+        out[-1] += f" Runs made for the pairing alone: {_tally(pairs, 'machine')}; code: {_tally(pairs, 'commit')}."
     return "\n".join(out)
 
 

@@ -40,6 +40,19 @@ def test_runs_pair_by_dataset_and_seed_and_unfinished_ones_drop_out():
     assert "over spectra: 1 paired run, mean difference" in one
 
 
+def test_with_one_machine_only_two_runs_of_one_machine_make_a_pair():
+    def row(c, s, machine, t):
+        return {"dataset": "tracks", "contestant": c, "seed": s, "machine": machine, "test": t}
+    rows = [row("evolution", 0, "Xeon", 0.60), row("expert", 0, "EPYC", 0.50), row("evolution", 0, "EPYC", 0.45),
+            row("evolution", 1, "Xeon", 0.70), row("expert", 1, "EPYC", 0.40)]  # seed 1: no rerun on the EPYC
+    across = compare(rows[:2] + rows[3:], "evolution", "expert", ["tracks"])  # by (dataset, seed) alone
+    assert "2 paired runs, mean difference +0.2000" in across
+    one = compare(rows, "evolution", "expert", ["tracks"], one_machine=True)
+    assert "1 paired run on one machine, mean difference -0.0500" in one and "tracks: 1 pair, difference -0.05" in one
+    assert "no (dataset, seed) run on one machine" in compare(rows[3:], "evolution", "expert", ["tracks"],
+                                                              one_machine=True)
+
+
 def test_a_results_file_skips_what_it_holds_and_refuses_other_settings(tmp_path):
     import argparse
     import json
@@ -105,3 +118,31 @@ def test_the_readmes_comparison_is_the_one_its_command_makes_from_the_results_fi
         return text[text.index("-->", text.index("<!-- made by python -m bench.search")):text.index(END)]
 
     assert table(copy) == table(root / "README.md")
+
+
+def test_rows_for_the_pairing_alone_pair_on_one_machine_and_stay_out_of_the_cells(tmp_path, capsys):
+    import json
+
+    from bench.search import main
+
+    def row(c, machine, t):
+        return {"dataset": "tracks", "contestant": c, "seed": 0, "minutes": 20.0, "workers": 2,
+                "default_space": False, "test": t, "val": t, "evaluations": 100, "commit": "abc1234",
+                "machine": machine}
+    results, pairs, readme = tmp_path / "rows.jsonl", tmp_path / "pairs.jsonl", tmp_path / "README.md"
+    results.write_text(json.dumps(row("evolution", "Xeon", 0.6)) + "\n" + json.dumps(row("expert", "EPYC", 0.5)) + "\n")
+    pairs.write_text(json.dumps(row("evolution", "EPYC", 0.45)) + "\n")
+    readme.write_text("<!-- made by python -m bench.search -->\n<!-- end of the table made by bench.search -->\n")
+    argv = ["--datasets", "tracks", "--contestants", "evolution", "expert", "--seeds", "0", "--minutes", "20",
+            "--results", str(results), "--table-only", "--readme", str(readme)]
+    main(argv)
+    assert "1 paired run, mean difference +0.1000" in readme.read_text()  # across machines, as round 1 paired
+    main(argv + ["--pairs", str(pairs)])
+    text = readme.read_text()
+    assert "| tracks | 0.6000 · 100 | 0.5000 · 100 |" in text  # the cells: --results alone
+    assert "1 paired run on one machine, mean difference -0.0500" in text
+    assert "Runs made for the pairing alone: EPYC (1 run); code: abc1234 (1 run)." in text
+    for bad, why in ((tmp_path / "none.jsonl", "no such file"), (results, "holds too")):
+        with pytest.raises(SystemExit):
+            main(argv + ["--pairs", str(bad)])
+        assert why in capsys.readouterr().err
