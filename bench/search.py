@@ -312,11 +312,16 @@ def main(argv: list[str] | None = None) -> None:
         p.error(f"--pairs {args.pairs}: no such file")
     rows = saved_rows(args.results, args)
     pairs = saved_rows(args.pairs, args, "--pairs") if args.pairs else None
+
+    def refuse_clash(new: list[dict]) -> None:  # a run in both files would be paired twice, or with itself
+        if clash := {_run_of(r) for r in new} & {_run_of(r) for r in pairs or []}:
+            p.error(f"--pairs {args.pairs} holds the run {sorted(clash)[0]} (dataset, contestant, seed, machine) "
+                    f"that --results {args.results} holds too: a run is in one file")
+    refuse_clash(rows)  # before any run: the error comes at once, not after hours of runs
     if not args.table_only:
-        rows += run(args, rows)
-    if clash := {_run_of(r) for r in rows} & {_run_of(r) for r in pairs or []}:
-        p.error(f"--pairs {args.pairs} holds the run {sorted(clash)[0]} (dataset, contestant, seed, machine) that "
-                f"--results {args.results} holds too: a run is in one file")
+        made = run(args, rows)
+        refuse_clash(made)
+        rows += made
     print(table(rows, args.datasets, args.contestants, HELD_OUT, PAIRED, pairs))
     if args.readme:
         write_readme(args.readme, summary(rows, args.datasets, args.contestants, args.seeds, minutes=args.minutes,
