@@ -41,6 +41,7 @@ class EvolutionConfig(Table):
     many epochs in all, and so on up to ``rungs`` rungs, on one warm-up, stable, decay schedule whose rate decays
     to zero at the end of each rung; tournaments prefer parents from higher rungs, and the run's best network is
     the best by validation score of any rung. 1: every candidate trains ``[train] epochs`` once, on one cycle.
+    ``finish``: the last share of a time budget trains the best networks on (galapagos/flows/finish.py).
     """
 
     section = "evolution"
@@ -77,6 +78,9 @@ class EvolutionConfig(Table):
     surrogate: int = 0  # children bred per ask, of which the one a model of the results so far predicts best is
     # asked (evolve/surrogate.py); 0 or 1: one child, no model. Off until the search benchmark shows it pays
 
+    finish: float = 0.0  # the share of the time budget at its end in which the search stops breeding and its best
+    # networks train on from their weights for as long as that time allows (galapagos/flows/finish.py); 0: none
+
     cost_tolerance: float = 0.001  # how near: fitness (accuracy, or mean R^2) within this of a tournament's fittest
     # counts as equal; 0.001 is one sample in 1,000 of validation, so a smaller validation split only breaks exact ties
 
@@ -106,6 +110,7 @@ class EvolutionConfig(Table):
             ("cost_tolerance", self.cost_tolerance >= 0 and math.isfinite(self.cost_tolerance), "a number >= 0"),
             ("crossover_prob", 0.0 <= self.crossover_prob <= 1.0, "a probability in [0, 1]"),
             ("immigrants", 0.0 <= self.immigrants < 1.0, "a share in [0, 1)"),
+            ("finish", 0.0 <= self.finish < 1.0, "a share of the time budget in [0, 1)"),
             ("rungs", is_int(self.rungs) and 1 <= self.rungs <= 8 and (self.rungs == 1 or len(self.objectives) == 1),
              "an integer from 1 to 8" + (" (1 with several objectives)" if len(self.objectives) > 1 else "")),
             ("reduction_factor", is_int(self.reduction_factor) and self.reduction_factor >= 2, "an integer >= 2"),

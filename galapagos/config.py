@@ -276,4 +276,7 @@ def evolve_config(opts: "EvolveOptions") -> Config:
     if not config.run.evaluations and not config.run.budget_minutes:
         raise ConfigError("no budget: give --evaluations N or --budget-minutes M (or run.evaluations / "
                           "run.budget_minutes in the config)")
+    if config.evolution.finish and not config.run.budget_minutes:
+        raise ConfigError(f"evolution.finish = {config.evolution.finish:g}: a share of the time budget, and the run "
+                          "has none: give --budget-minutes M (or run.budget_minutes), or set evolution.finish = 0")
     return config

@@ -19,6 +19,7 @@ from galapagos.evolve.problem import Problem
 from galapagos.evolve.settings import load_function
 from galapagos.flows.datamode import data_memory, data_setup
 from galapagos.flows.evolution_source import EvolutionSource
+from galapagos.flows.finish import FINISH
 from galapagos.flows.mpijob import Flow, default_workers, setup_logging
 from galapagos.flows.session import MasterSession
 from galapagos.flows.warmstart import seed_genomes
@@ -100,8 +101,8 @@ def evolve(session: MasterSession, opts: EvolveOptions) -> dict:
         check_room(run, config, session.workers)
         problem = Problem.of_dataset(info)
         engine = Engine(config.space, problem, config.evolution)
-        if records:
-            engine.replay(records)
+        if records:  # a finishing task trained a network the engine was told of: only its id counts there
+            engine.replay(r.replace(fitness=None) if r.origin == FINISH else r for r in records)
         elif opts.seed_from:
             seeded = engine.seed(seed_genomes(opts.seed_from, config.evolution.population_size))
             log.info("the population starts from %d genome(s) of %s", seeded, opts.seed_from)
@@ -158,10 +159,12 @@ def conclude(run: RunDir, config: Config, source: EvolutionSource, state: Master
         pick = final_pick(run, config, source.problem, data, run.read_journal())
     if pick is not None:
         run.save_network(run.best, pick[0], {**source.network_extra(pick[0]), "final_pick": pick[1]})
+    picked = pick[0].id if pick is not None else source.best.id if source.best and source.best.origin == FINISH \
+        else None
     slots = state.workers - len(state.followers) + sum(state.slots.spare.values())  # candidates trained at once
     summary = summarize(run.iter_journal(), population_size=config.evolution.population_size,
                         workers=state.workers, slots=slots,
-                        wall_seconds=wall, busy_seconds=state.busy_seconds, picked=pick and pick[0].id)
+                        wall_seconds=wall, busy_seconds=state.busy_seconds, picked=picked)
     if pick is not None:
         summary["final_pick"] = pick[1]
     # The master's own CPU use while it served: it should leave the cores to training.

@@ -23,7 +23,8 @@ from galapagos.evolve.netdir import NetworkDir
 from galapagos.evolve.pareto import OBJECTIVES, Front, objective_values
 from galapagos.evolve.problem import Problem
 from galapagos.evolve.rungs import cooldowns, rung_ends
-from galapagos.evolve.task import TrainTask
+from galapagos.evolve.task import TrainConfig, TrainTask
+from galapagos.flows.finish import FINISH, Finish
 from galapagos.flows.sources import JournalSource
 from galapagos.launch.protocol import Result, Status, Task
 from galapagos.reports.progress import ProgressView, Snapshot
@@ -60,6 +61,7 @@ class EvolutionSource(JournalSource):
         self.by_epoch: dict[tuple[bool, int], Median] = defaultdict(Median)
         self.best: JournalRecord | None = None
         self.top: list[tuple[float, int]] = []  # (-fitness, id) of the best evaluations: their weights are kept
+        self.kept_records: dict[int, JournalRecord] = {}  # id -> record, of those in `top`
         ev = config.evolution
         # multi-fidelity (evolve/rungs.py): each rung's last epoch and the one its decay starts after, the schedule
         # of all of them; their checkpoints
@@ -70,6 +72,11 @@ class EvolutionSource(JournalSource):
         self.released: list[int] = []  # checkpoints no promotion needs, dropped at the next sweep
         self.held: set[int] = set()  # evaluations whose weights are in models/
         self.swept = 0.0  # when the weights no longer kept were last dropped (sweep)
+        # the end of the time budget: the best networks train on (galapagos/flows/finish.py)
+        self.finish = Finish(ev.finish, 60 * config.run.budget_minutes, deadline, config.train,
+                             config.run.task_timeout, records)
+        self.finishing: dict[int, TrainConfig] = {}  # id -> its training, of the finishing tasks in flight
+        self.last_id = max((r.id for r in records), default=-1)  # the largest id a task has had
         objectives = config.evolution.objectives
         self.front = Front(objectives) if len(objectives) > 1 else None  # kept in front/ and pareto.json
         self.front_rows: dict[int, dict] = {}  # id -> its line in pareto.json
@@ -97,6 +104,8 @@ class EvolutionSource(JournalSource):
     def next_task(self) -> Task | None:
         if self.again:  # its worker was lost: sent again (it is still in flight, within the budget)
             return self._task(self.again.popleft())
+        if self.finish.begun(time.time()):
+            return self._finishing()
         if self.exhausted or (self.budget is not None and self.done + len(self.inflight) >= self.budget):
             return None
         if self.drawn:
@@ -120,6 +129,24 @@ class EvolutionSource(JournalSource):
             self.inflight[cand.id]["inherits"] = parent
         return self._task(cand.id)
 
+    def _finishing(self) -> Task | None:
+        """The end of the time budget: the best network not finished yet trains on from its weights, as a task of
+        a new id (galapagos/flows/finish.py); None once none is left."""
+        if self.finish.over:
+            return None
+        if not self.finish.keys:
+            self.view.message(f"finishing: the search stops breeding; its best networks train on for the budget's "
+                              f"last {max(self.deadline - time.time(), 0) / 60:.1f} minute(s)")
+        found = self.finish.next([self.kept_records[i] for _, i in self.top], time.time())
+        if found is None:
+            return None
+        record, train = found
+        cid = max(self.last_id, *self.drawn, *self.inflight) + 1
+        self.inflight[cid] = {"parents": [record.id], "origin": FINISH, "genome": Genome.from_json(record.genome),
+                              "key": record.key, "params": record.params, "inherits": record.id}
+        self.finishing[cid] = train
+        return self._task(cid)
+
     def _rung(self, rung: int) -> dict:
         """What a record holds of its rung: nothing without rungs."""
         return {"rung": rung} if len(self.ends) > 1 else {}
@@ -131,12 +158,13 @@ class EvolutionSource(JournalSource):
             del what["inherits"]
             parent = None
         self.running(cid)
+        self.last_id = max(self.last_id, cid)
         genome = what["genome"]
         drawn = None if genome is not None else self._draw(cid)
-        payload = TrainTask(genome, self.problem, self.train, seed=self.config.run.seed * 1_000_003
-                            + cid, save=self.run.model_path(cid), data=self.access,
-                            inherit=None if parent is None else self.run.model_path(parent), drawn=drawn,
-                            **self._parts(cid, what))
+        seed = self.config.run.seed * 1_000_003 + cid
+        payload = TrainTask(genome, self.problem, self.finishing.get(cid, self.train), seed=seed,
+                            save=self.run.model_path(cid), data=self.access, drawn=drawn,
+                            inherit=None if parent is None else self.run.model_path(parent), **self._parts(cid, what))
         return Task(cid, payload, self.config.run.task_timeout)
 
     def _parts(self, cid: int, what: dict) -> dict:
@@ -152,7 +180,8 @@ class EvolutionSource(JournalSource):
                 "cooldown": self.cools[rung]}
 
     def finished(self) -> bool:
-        return not self.again and (bool(self.exhausted) or (self.budget is not None and self.done >= self.budget))
+        return not self.again and (bool(self.exhausted) or self.finish.over
+                                   or (self.budget is not None and self.done >= self.budget))
 
     def search_seconds(self) -> float:
         """The run's search time over all its jobs so far (what its time budget counts)."""
@@ -168,10 +197,13 @@ class EvolutionSource(JournalSource):
         what = self.inflight.pop(r.id)
         if what["genome"] is None and r.status != Status.CANCELLED:
             self._adopt_drawn(r, what)
+        self.finishing.pop(r.id, None)
         record = self.journal_result(r, what)
         if record is None:  # cancelled (no weights: the run's end prunes models/): a resumed run breeds afresh
             return
-        self.engine.tell(r.id, r.fitness, r.status, objective_values(record, self.config.evolution.objectives))
+        if record.origin != FINISH:  # the search is over: the engine has nothing to learn from it
+            self.engine.tell(r.id, r.fitness, r.status,
+                             objective_values(record, self.config.evolution.objectives))
         if record.rung is not None:
             self.released += self.engine.released()
             if record.origin == "promoted":  # the checkpoint it went on from is used up
@@ -217,15 +249,20 @@ class EvolutionSource(JournalSource):
             self._place(record, live)
         curve, rung = record.curve, record.rung or 0
         inherited = record.inherits is not None
-        if not rung:  # a promotion's curve starts where its rung does: not pruned, not compared
+        finishing = record.origin == FINISH
+        if not rung and not finishing:  # a promotion's curve starts where its rung does: not pruned, not compared
             for epoch in range(1, len(curve) + 1):
                 self.by_epoch[inherited, epoch].add(max(curve[:epoch]))
         bisect.insort(self.top, (-record.fitness, record.id))
+        self.kept_records[record.id] = record
+        for _, dropped in self.top[self.config.run.keep_models:]:
+            del self.kept_records[dropped]
         del self.top[self.config.run.keep_models:]
         self.held.add(record.id)
         if live and time.monotonic() - self.swept >= SWEEP_EVERY:
             self.sweep()
-        if self.best is None or record.fitness > self.best.fitness:
+        # once a network is finished, the best is the best finished one (galapagos/flows/finish.py)
+        if self.best is None or (finishing, record.fitness) > (self.best.origin == FINISH, self.best.fitness):
             self.best = record
             return True
         return False
@@ -254,6 +291,7 @@ class EvolutionSource(JournalSource):
                                           self.engine.population))
             if self.inflight:
                 kept.update(self.engine.pending_parents())
+        kept.update(what["parents"][0] for what in self.inflight.values() if what["origin"] == FINISH)
         return kept
 
     def _place(self, record: JournalRecord, live: bool) -> None:
@@ -305,8 +343,8 @@ class EvolutionSource(JournalSource):
         """Median stopping: a candidate whose best so far is below the median of finished ones at this epoch (those
         that inherited weights, or those that did not, as it did)."""
         curve, run, what = self.curves[task_id], self.config.run, self.inflight[task_id]
-        if what.get("rung"):  # a promotion: among the best of its rung already
-            return None
+        if what.get("rung") or what["origin"] == FINISH:  # a promotion: among the best of its rung already; a
+            return None  # finishing network: among the best of the run
         peers = self.by_epoch.get(("inherits" in what, len(curve)), ())
         if (run.prune and run.prune_after <= len(curve) < self.config.train.epochs
                 and len(peers) >= run.prune_min_results and max(curve) < peers.median()):

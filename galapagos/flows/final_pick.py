@@ -21,6 +21,7 @@ from galapagos.evolve.dense import evaluate_dense
 from galapagos.evolve.genome import Genome
 from galapagos.evolve.problem import Problem
 from galapagos.evolve.steps import autocast_for, evaluate
+from galapagos.flows.finish import FINISH
 from galapagos.launch.protocol import Status
 from galapagos.store.journal import JournalRecord
 from galapagos.store.rundir import RunDir
@@ -30,8 +31,10 @@ __all__ = ["final_pick"]
 log = logging.getLogger(__name__)
 
 def candidates(run: RunDir, records: list[JournalRecord], pick: int) -> list[JournalRecord]:
-    """The best `pick` distinct networks whose weights are in models/, best first."""
+    """The best `pick` distinct networks whose weights are in models/, best first: of those finished at the end of
+    the time budget where there are any (galapagos/flows/finish.py)."""
     ok = [r for r in records if r.status == Status.OK and r.fitness is not None]
+    ok = [r for r in ok if r.origin == FINISH] or ok
     out, keys = [], set()
     for r in sorted(ok, key=lambda r: r.fitness, reverse=True):
         if r.key not in keys and os.path.exists(run.model_path(r.id)):

@@ -1,0 +1,93 @@
+"""Finishing (`[evolution] finish`, galapagos/flows/finish.py): the last share of the time budget trains the best
+networks on from their weights, and the best of those is the run's. The plan's rules on records, the config's
+checks, and a real run on MPI ranks."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import galapagos
+from galapagos.config import Config
+from galapagos.evolve.errors import ConfigError
+from galapagos.evolve.task import TrainConfig
+from galapagos.examples import shapes
+from galapagos.flows.finish import FINISH, SAFETY, Finish
+from galapagos.store.journal import JournalRecord
+from tests.mpirun import describe_run, run_mpi
+from tests.test_evolve_run import SMALL, journal
+
+
+def record(cid: int, key: str, seconds: float, epochs: int = 2, origin: str = "mutation") -> JournalRecord:
+    return JournalRecord(id=cid, genome={}, status="ok", fitness=0.9, curve=[0.5] * epochs, key=key, origin=origin,
+                         start=100.0, end=100.0 + seconds)
+
+
+def test_the_best_networks_not_finished_train_for_the_time_left():
+    train = TrainConfig(epochs=2, inherited_epochs=1, inherit_shrink=0.5)
+    finish = Finish(0.25, 400.0, deadline=1000.0, train=train, time_limit=1800.0)
+    assert finish.start == 900.0 and not finish.begun(899.0) and finish.begun(900.0)
+    best = [record(7, "a", seconds=4.0), record(3, "b", seconds=1.0), record(9, "c", seconds=50.0)]
+    picked, trained = finish.next(best, now=900.0)
+    assert picked.id == 7
+    assert trained.epochs == int(SAFETY * 100 / 2.0) == 40  # 2 s an epoch in its own training, 100 s left
+    assert trained.inherit_shrink == 1.0 and trained.inherited_epochs == 0  # its own weights, all its epochs
+    picked, trained = finish.next(best, now=950.0)  # the next best: 0.5 s an epoch, 50 s left
+    assert picked.id == 3 and trained.epochs == 80
+    assert finish.next(best, now=950.0) is None and finish.over  # 25 s an epoch: not more than train.epochs
+
+
+def test_a_finished_network_is_not_finished_again():
+    train = TrainConfig(epochs=2)
+    done = record(12, "a", seconds=1.0, origin=FINISH)
+    finish = Finish(0.5, 100.0, deadline=100.0, train=train, time_limit=1800.0, records=[done])
+    assert finish.keys == {"a"}  # an earlier job's
+    best = [done, record(4, "a", seconds=1.0), record(5, "b", seconds=1.0)]
+    assert finish.next(best, now=50.0)[0].id == 5
+    assert finish.next(best, now=50.0) is None
+    assert Finish(0.0, 100.0, 100.0, train, 1800.0).start is None  # off
+    assert Finish(0.5, 0.0, None, train, 1800.0).start is None  # no time budget
+
+
+def test_the_task_timeout_caps_a_finishing_task():
+    finish = Finish(0.9, 10_000.0, deadline=10_000.0, train=TrainConfig(epochs=2), time_limit=100.0)
+    assert finish.next([record(1, "a", seconds=2.0)], now=1_000.0)[1].epochs == int(SAFETY * 100)
+
+
+def test_finish_is_checked(tmp_path):
+    assert Config.from_dict({"evolution": {"finish": 0.25}}).evolution.finish == 0.25
+    for bad in (1.0, -0.1):
+        with pytest.raises(ConfigError, match="evolution.finish"):
+            Config.from_dict({"evolution": {"finish": bad}})
+    data = tmp_path / "shapes.h5"
+    shapes.generate(data, samples=60, size=12, seed=0)
+    with pytest.raises(ValueError, match="evolution.finish = 0.25: a share of the time budget, and the run has none"):
+        galapagos.evolve(data, tmp_path / "run", evaluations=2, set={"evolution.finish": 0.25})
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.mpi
+def test_the_run_ends_with_its_best_networks_trained_on(tmp_path):
+    data, out = tmp_path / "shapes.h5", tmp_path / "run"
+    shapes.generate(data, samples=400, size=12, seed=1)
+    proc = run_mpi(3, ["-m", "galapagos.cli", "evolve", "--data", data, "--out", out, "--budget-minutes", 0.6,
+                       *SMALL, "--set", "evolution.finish=0.5"], timeout=300)
+    assert proc.returncode == 0, describe_run(proc)
+    records = journal(out)
+    by_id = {r["id"]: r for r in records}
+    finished = [r for r in records if r["origin"] == FINISH]
+    searched = [r for r in records if r["origin"] != FINISH]
+    assert 1 <= len(finished) <= 5 and len(by_id) == len(records)  # of the 5 kept networks; ids of their own
+    for r in finished:
+        parent = by_id[r["parents"][0]]
+        assert parent["origin"] != FINISH and parent["status"] == "ok" and r["key"] == parent["key"]
+        assert r["inherits"] == parent["id"] and r["genome"] == parent["genome"]
+        assert r["status"] == "ok" and len(r["curve"]) > 2  # longer than [train] epochs
+    assert len({r["key"] for r in finished}) == len(finished)
+    assert min(r["id"] for r in finished) > max(r["id"] for r in searched)  # the search stopped breeding
+    ok = [r for r in finished if r["status"] == "ok"]
+    best = max(ok, key=lambda r: r["fitness"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["best"]["id"] == best["id"]
+    assert json.loads((out / "best" / "metrics.json").read_text())["id"] == best["id"]
+    assert "finishing: the search stops breeding" in proc.stdout + proc.stderr
