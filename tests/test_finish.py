@@ -89,5 +89,19 @@ def test_the_run_ends_with_its_best_networks_trained_on(tmp_path):
     best = max(ok, key=lambda r: r["fitness"])
     summary = json.loads((out / "summary.json").read_text())
     assert summary["best"]["id"] == best["id"]
+    assert summary["best"]["finished"] == {"from": best["parents"][0], "epochs": len(best["curve"])}
+    assert f"finished: evaluation {best['parents'][0]}'s network trained on for" in proc.stdout
     assert json.loads((out / "best" / "metrics.json").read_text())["id"] == best["id"]
     assert "finishing: the search stops breeding" in proc.stdout + proc.stderr
+
+    # a longer budget for the same run: the resumed job is all finishing (the first job searched 18 s and finished
+    # for most of the next 18: past the new budget's first 27 s), and it finishes the kept networks the first job
+    # did not, under ids of their own
+    first = {r["id"] for r in records}
+    proc = run_mpi(3, ["-m", "galapagos.cli", "evolve", "--data", data, "--out", out, "--resume",
+                       "--set", "run.budget_minutes=0.9"], timeout=300)
+    assert proc.returncode == 0, describe_run(proc)
+    new = [r for r in journal(out) if r["id"] not in first]
+    assert new and all(r["origin"] == FINISH for r in new) and min(r["id"] for r in new) > max(first)
+    assert not {r["key"] for r in new} & {r["key"] for r in finished}
+    assert json.loads((out / "summary.json").read_text())["best"]["finished"]

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterable
 
 from galapagos.evolve.genome import Genome
+from galapagos.flows.finish import FINISH
 from galapagos.launch.protocol import Status
 from galapagos.store.ensembledir import EnsembleDir
 from galapagos.store.journal import JournalRecord
@@ -39,6 +40,8 @@ def summarize(records: Iterable[JournalRecord], *, population_size: int, workers
         genome = Genome.from_json(best.genome)
         out["best"] = {"id": best.id, "fitness": best.fitness, "params": best.params, "genome": genome.to_json(),
                        "network": genome.describe(), "metrics": dict(best.metrics)}
+        if best.origin == FINISH:
+            out["best"]["finished"] = {"from": best.parents[0], "epochs": len(best.curve)}
     if workers and wall_seconds:
         out["workers"] = workers
         out["wall_seconds"] = round(wall_seconds, 2)
@@ -63,6 +66,8 @@ def format_summary(s: dict) -> str:
     if s.get("best"):
         b = s["best"]
         lines.append(f"best fitness: {b['fitness']:.4f} (evaluation {b['id']}, {b['params']:,} parameters)")
+        if f := b.get("finished"):
+            lines.append(f"  finished: evaluation {f['from']}'s network trained on for {f['epochs']} epochs")
         lines.append(f"best network: {network(b)}")
         if dense := _dense_line(b.get("metrics") or {}):
             lines.append(dense)
