@@ -141,7 +141,7 @@ class EvolutionSource(JournalSource):
         if found is None:
             return None
         record, train = found
-        cid = max(self.last_id, *self.drawn, *self.inflight) + 1
+        cid = max([self.last_id, *self.drawn, *self.inflight]) + 1
         self.inflight[cid] = {"parents": [record.id], "origin": FINISH, "genome": Genome.from_json(record.genome),
                               "key": record.key, "params": record.params, "inherits": record.id}
         self.finishing[cid] = train
