@@ -4,6 +4,7 @@ checks, and a real run on MPI ranks."""
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 
@@ -105,3 +106,17 @@ def test_the_run_ends_with_its_best_networks_trained_on(tmp_path):
     assert new and all(r["origin"] == FINISH for r in new) and min(r["id"] for r in new) > max(first)
     assert not {r["key"] for r in new} & {r["key"] for r in finished}
     assert json.loads((out / "summary.json").read_text())["best"]["finished"]
+
+
+def test_the_final_pick_chooses_among_the_finished_networks(tmp_path):
+    from galapagos.flows.final_pick import candidates
+    from galapagos.store.rundir import RunDir
+
+    run = RunDir(tmp_path)
+    records = [record(1, "a", 1.0), record(2, "b", 1.0), record(3, "a", 1.0, origin=FINISH)]
+    records = [r.replace(fitness=f) for r, f in zip(records, (0.95, 0.9, 0.8))]
+    os.makedirs(os.path.dirname(run.model_path(1)))
+    for r in records:
+        open(run.model_path(r.id), "wb").close()
+    assert [r.id for r in candidates(run, records, 5)] == [3]  # the finished one, though below its parent
+    assert [r.id for r in candidates(run, records[:2], 5)] == [1, 2]  # none finished: the search's best
