@@ -173,7 +173,7 @@ def test_the_run_keeps_a_parent_s_weights_while_its_child_waits(tmp_path):
     newer = [source.next_task(), source.next_task()]
     for t in newer:
         _finish(source, t.id, 0.9)
-    assert parent not in {c.id for c, _ in source.engine.population} and parent not in {t[-1] for t in source.top}
+    assert parent not in {c.id for c, _ in source.engine.population} and parent not in {t[1] for t in source.top}
     source.sweep()  # what the run does once a second (EvolutionSource.sweep)
     source.run.close()  # the weights dropped so far deleted (off rank 0's path, store/reaper.py)
     assert Path(source.run.model_path(parent)).exists() and parent in source.held  # the queued child needs it

@@ -60,8 +60,8 @@ class EvolutionSource(JournalSource):
         # ahead of any fresh network, which would be pruned against it.
         self.by_epoch: dict[tuple[bool, int], Median] = defaultdict(Median)
         self.best: JournalRecord | None = None
-        self.top: list[tuple[float, int]] = []  # (-fitness, id) of the best evaluations: their weights are kept
-        self.kept_records: dict[int, JournalRecord] = {}  # id -> record, of those in `top`
+        # (-fitness, id, record) of the best evaluations, in order: their weights are kept
+        self.top: list[tuple[float, int, JournalRecord]] = []
         ev = config.evolution
         # multi-fidelity (evolve/rungs.py): each rung's last epoch and the one its decay starts after, the schedule
         # of all of them; their checkpoints
@@ -76,7 +76,6 @@ class EvolutionSource(JournalSource):
         self.finish = Finish(ev.finish, 60 * config.run.budget_minutes, deadline, config.train,
                              config.run.task_timeout, records)
         self.finishing: dict[int, TrainConfig] = {}  # id -> its training, of the finishing tasks in flight
-        self.last_id = max((r.id for r in records), default=-1)  # the largest id a task has had
         objectives = config.evolution.objectives
         self.front = Front(objectives) if len(objectives) > 1 else None  # kept in front/ and pareto.json
         self.front_rows: dict[int, dict] = {}  # id -> its line in pareto.json
@@ -137,11 +136,11 @@ class EvolutionSource(JournalSource):
         if not self.finish.keys:
             self.view.message(f"finishing: the search stops breeding; its best networks train on for the budget's "
                               f"last {max(self.deadline - time.time(), 0) / 60:.1f} minute(s)")
-        found = self.finish.next([self.kept_records[i] for _, i in self.top], time.time())
+        found = self.finish.next([t[2] for t in self.top], time.time())
         if found is None:
             return None
         record, train = found
-        cid = max([self.last_id, *self.drawn, *self.inflight]) + 1
+        (cid,) = self.engine.reserve(1)  # an id no ask gives (the engine has adopted every child bred ahead)
         self.inflight[cid] = {"parents": [record.id], "origin": FINISH, "genome": Genome.from_json(record.genome),
                               "key": record.key, "params": record.params, "inherits": record.id}
         self.finishing[cid] = train
@@ -158,7 +157,6 @@ class EvolutionSource(JournalSource):
             del what["inherits"]
             parent = None
         self.running(cid)
-        self.last_id = max(self.last_id, cid)
         genome = what["genome"]
         drawn = None if genome is not None else self._draw(cid)
         seed = self.config.run.seed * 1_000_003 + cid
@@ -253,10 +251,7 @@ class EvolutionSource(JournalSource):
         if not rung and not finishing:  # a promotion's curve starts where its rung does: not pruned, not compared
             for epoch in range(1, len(curve) + 1):
                 self.by_epoch[inherited, epoch].add(max(curve[:epoch]))
-        bisect.insort(self.top, (-record.fitness, record.id))
-        self.kept_records[record.id] = record
-        for _, dropped in self.top[self.config.run.keep_models:]:
-            del self.kept_records[dropped]
+        bisect.insort(self.top, (-record.fitness, record.id, record), key=lambda t: t[:2])
         del self.top[self.config.run.keep_models:]
         self.held.add(record.id)
         if live and time.monotonic() - self.swept >= SWEEP_EVERY:
@@ -285,7 +280,7 @@ class EvolutionSource(JournalSource):
         from, the engine's population and the parents of every child asked and not yet told: a parent that ages
         out of the population while its child waits for a worker or trains keeps the weights the child loads. With
         nothing in flight (the end of a job, whose cancelled children the engine was never told of) none is needed."""
-        kept = {t[-1] for t in self.top}
+        kept = {t[1] for t in self.top}
         if self.config.evolution.inherit:
             kept.update(c.id for c, _ in (self.engine.elite if self.engine.multi_objective else
                                           self.engine.population))

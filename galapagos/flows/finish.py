@@ -42,7 +42,7 @@ class Finish:
         """The best of `best` (the kept networks, best first) not finished yet, and its training; None when none is
         left or the time left is too short for it (the phase is then over)."""
         for record in best:
-            if record.origin == FINISH or record.key in self.keys:
+            if record.key in self.keys:  # finished (a finishing record's key is its parent's), or being finished
                 continue
             epochs = self.epochs(record, now)
             if epochs <= self.train.epochs:
