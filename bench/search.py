@@ -286,7 +286,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--workers", type=int, default=2, help="training processes of each contestant")
     p.add_argument("--cores", type=int, nargs="+", help="the cores every contestant is bound to (default: the "
                    "first WORKERS of those this process may use)")
-    p.add_argument("--keep", type=Path, help="keep data, runs and logs in this new directory")
+    p.add_argument("--keep", type=Path, help="keep data, runs and logs in this directory (made if missing; a later "
+                   "call with the same --results and --keep goes on with the runs not done)")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override one value of every "
                    "dataset's config, for every contestant (e.g. train.epochs=3)")
     p.add_argument("--default-space", action="store_true", help="every contestant with the default space and "
@@ -343,7 +344,7 @@ def run(args: argparse.Namespace, held: list[dict]) -> list[dict]:
     where = machine()
     with tempfile.TemporaryDirectory() as tmp:
         work = args.keep or Path(tmp)
-        work.mkdir(parents=True, exist_ok=args.keep is None)
+        work.mkdir(parents=True, exist_ok=True)
         (work / "defaults.toml").write_text("")
         for name in args.datasets:
             generate, kwargs, _ = DATASETS[name]
@@ -354,6 +355,9 @@ def run(args: argparse.Namespace, held: list[dict]) -> list[dict]:
                     if (name, contestant, seed) in done:
                         continue
                     out = work / f"{name}-{contestant}-{seed}"
+                    if out.exists():  # a run stopped before its row was written: its traces are not overwritten
+                        raise SystemExit(f"{out} holds a run that has no row in {args.results}; move it away to run "
+                                         f"it again")
                     commit, t0 = code_version(), time.time()
                     deadline = t0 + 60 * args.minutes
                     config = work / "defaults.toml" if args.default_space else config_path(name)
