@@ -5,16 +5,25 @@ from __future__ import annotations
 
 import json
 import os
+import time
+from pathlib import Path
 
 import pytest
 
 import galapagos
-from galapagos.config import Config
+from galapagos.config import Config, load_config
+from galapagos.evolve.engine import Engine
 from galapagos.evolve.errors import ConfigError
+from galapagos.evolve.netdir import NetworkDir
+from galapagos.evolve.problem import Problem
 from galapagos.evolve.task import TrainConfig
 from galapagos.examples import shapes
+from galapagos.flows.evolution_source import EvolutionSource
 from galapagos.flows.finish import FINISH, SAFETY, Finish
+from galapagos.launch.protocol import Progress, Result, Status
+from galapagos.reports.progress import ProgressView
 from galapagos.store.journal import JournalRecord
+from galapagos.store.rundir import RunDir
 from tests.mpirun import describe_run, run_mpi
 from tests.test_evolve_run import SMALL, journal
 
@@ -65,6 +74,42 @@ def test_finish_is_checked(tmp_path):
     with pytest.raises(ValueError, match="evolution.finish = 0.25: a share of the time budget, and the run has none"):
         galapagos.evolve(data, tmp_path / "run", evaluations=2, set={"evolution.finish": 0.25})
     assert not (tmp_path / "run").exists()
+
+
+def _trained(source: EvolutionSource, task_id: int, fitness: float, weights: bytes) -> None:
+    """A worker's two epochs and result, with the weights it saved in models/, as a trainer writes them."""
+    for epoch in (1, 2):
+        source.on_progress(Progress(task_id, 1, {"epoch": epoch, "fitness": fitness, "loss": 1.0 - fitness}))
+    path = Path(source.run.model_path(task_id))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(weights)
+    now = time.time()
+    source.on_result(Result(task_id, 1, "nodeA", Status.OK, fitness, now - 1.0, now, {"val_loss": 0.5}, None))
+
+
+def test_a_finished_best_below_the_kept_top_keeps_its_weights(tmp_path):
+    """A finished network is the run's best even below the search's best by validation, so with one network kept
+    (run.keep_models = 1) its weights are kept as the best's: best/ holds them, not its parent's."""
+    config = load_config(None, ["run.keep_models=1", "run.prune=false", "run.budget_minutes=20", "train.epochs=2",
+                                "evolution.finish=0.25"])
+    run = RunDir.open(tmp_path / "run", resume=False)
+    problem = Problem((3, 8, 8), "classification", 4)
+    source = EvolutionSource(Engine(config.space, problem, config.evolution), config, run, problem,
+                             view=ProgressView(), deadline=time.time() + 1200)
+    searched = [source.next_task(), source.next_task()]
+    for t, fitness in zip(searched, (0.9, 0.5)):
+        _trained(source, t.id, fitness, b"searched")
+    source.finish.start = time.time()  # the budget's last quarter begins
+    task = source.next_task()
+    assert source.inflight[task.id]["origin"] == FINISH and source.inflight[task.id]["inherits"] == searched[0].id
+    _trained(source, task.id, 0.8, b"finished")  # below its parent, the one network the top keeps
+    source.sweep()
+    assert source.best.id == task.id and Path(run.model_path(task.id)).exists()
+    assert NetworkDir(run.best).model_file.read_bytes() == b"finished"
+    os.remove(run.model_path(task.id))  # weights gone: best/ is left without any, not with another network's
+    run.save_network(run.best, source.best, {})
+    assert not NetworkDir(run.best).model_file.exists()
+    run.close()
 
 
 @pytest.mark.mpi

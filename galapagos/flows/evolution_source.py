@@ -254,13 +254,14 @@ class EvolutionSource(JournalSource):
         bisect.insort(self.top, (-record.fitness, record.id, record), key=lambda t: t[:2])
         del self.top[self.config.run.keep_models:]
         self.held.add(record.id)
+        # once a network is finished, the best is the best finished one (galapagos/flows/finish.py), which may rank
+        # below the kept top: its weights are kept as the best's, and the sweep comes after it is named
+        new_best = self.best is None or (finishing, record.fitness) > (self.best.origin == FINISH, self.best.fitness)
+        if new_best:
+            self.best = record
         if live and time.monotonic() - self.swept >= SWEEP_EVERY:
             self.sweep()
-        # once a network is finished, the best is the best finished one (galapagos/flows/finish.py)
-        if self.best is None or (finishing, record.fitness) > (self.best.origin == FINISH, self.best.fitness):
-            self.best = record
-            return True
-        return False
+        return new_best
 
     def sweep(self) -> None:
         """Drop the weights no longer kept. Once every SWEEP_EVERY seconds, not per result: the kept set is the
@@ -279,8 +280,11 @@ class EvolutionSource(JournalSource):
         """Whose weights stay in models/: the best `run.keep_models` evaluations and, for children to inherit
         from, the engine's population and the parents of every child asked and not yet told: a parent that ages
         out of the population while its child waits for a worker or trains keeps the weights the child loads. With
-        nothing in flight (the end of a job, whose cancelled children the engine was never told of) none is needed."""
+        nothing in flight (the end of a job, whose cancelled children the engine was never told of) none is needed.
+        And the best's, a finished network below the top."""
         kept = {t[1] for t in self.top}
+        if self.best is not None:
+            kept.add(self.best.id)
         if self.config.evolution.inherit:
             kept.update(c.id for c, _ in (self.engine.elite if self.engine.multi_objective else
                                           self.engine.population))

@@ -365,14 +365,17 @@ class RunDir(JournalDir):
 
     def save_network(self, dest: Path, record: JournalRecord, extra: dict) -> None:
         """Copy an evaluation's weights, genome and metrics into a network directory, best/ or front/ID (each file
-        replaced atomically). The journal is flushed first: it holds every evaluation a network directory shows."""
+        replaced atomically). The journal is flushed first: it holds every evaluation a network directory shows.
+        Weights gone from models/ leave the directory without model.pt, never with another network's."""
         self.flush()
-        src = self.model_path(record.id)
+        src, net = self.model_path(record.id), NetworkDir(dest)
+        weights = src if os.path.exists(src) else None
         try:
-            NetworkDir(dest).write(record.genome, {**extra, "id": record.id, "fitness": record.fitness,
-                                                   "metrics": record.metrics, "params": record.params,
-                                                   "key": record.key},
-                                   weights_from=src if os.path.exists(src) else None)
+            if weights is None:
+                net.model_file.unlink(missing_ok=True)
+            net.write(record.genome, {**extra, "id": record.id, "fitness": record.fitness, "metrics": record.metrics,
+                                      "params": record.params, "key": record.key},
+                      weights_from=weights)
         except OSError as exc:
             raise self.write_error(dest, exc) from None
 
