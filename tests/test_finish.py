@@ -155,7 +155,6 @@ def test_the_run_ends_with_its_best_networks_trained_on(tmp_path):
 
 def test_the_final_pick_chooses_among_the_finished_networks(tmp_path):
     from galapagos.flows.final_pick import candidates
-    from galapagos.store.rundir import RunDir
 
     run = RunDir(tmp_path)
     records = [record(1, "a", 1.0), record(2, "b", 1.0), record(3, "a", 1.0, origin=FINISH)]
