@@ -8,6 +8,10 @@ ancestors' trainings its weights went through), the epochs along it, and its epo
 scores it on the test split (galapagos/flows/final_pick.py's scoring, as its fitness is computed).
 
     python -m bench.lineage DIR [DIR ...]     # run directories (DIR/NAME-evolution-SEED) or --keep directories
+    python -m bench.lineage --picks DIR ...   # each run's pick only, from its journal: no data read, nothing scored
+
+The epochs along a lineage are those its trainings ran; the epochs its weights carry are the best epoch of each,
+since a child starts from its parent's best epoch (with `train.inherit_shrink` below 1, shrunk towards zero).
 """
 from __future__ import annotations
 
@@ -24,7 +28,32 @@ from galapagos.evolve.problem import Problem
 from galapagos.flows.final_pick import score
 from galapagos.store.rundir import RunDir
 
-__all__ = ["lineages", "main"]
+__all__ = ["lineages", "picks", "main"]
+
+
+def _line(r, by_id: dict) -> dict:
+    """`r`'s lineage: generations (trainings its weights went through, its own included, a training's rungs
+    one), epochs (run along it) and carried (the best epochs along it, the training its weights hold)."""
+    generations, epochs, carried = 0, 0, 0
+    while r is not None:
+        generations += 1
+        epochs += len(r.curve)
+        carried += r.metrics.get("best_epoch") or 0  # a promotion's counts its earlier rungs' epochs
+        while r.origin == "promoted" and r.parents and r.parents[0] in by_id:  # the same training's earlier rung
+            r = by_id[r.parents[0]]
+            epochs += len(r.curve)
+        r = by_id.get(r.inherits)  # None: a fresh start
+    return {"generations": generations, "epochs": epochs, "carried": carried}
+
+
+def picks(run: Path) -> dict:
+    """The pick of `run` (a finished evolution run directory) from its journal alone: id, val, train loss (at its
+    best epoch), best epoch, parameters and its lineage (`_line`)."""
+    records = RunDir(run).read_journal()
+    by_id = {r.id: r for r in records}
+    r = by_id[json.loads((run / "summary.json").read_text())["best"]["id"]]
+    return {"id": r.id, "val": r.fitness, "train_loss": r.metrics.get("train_loss"), "params": r.params,
+            "best_epoch": r.metrics.get("best_epoch"), **_line(r, by_id)}
 
 
 def lineages(run: Path, data: Path) -> list[dict]:
@@ -44,15 +73,9 @@ def lineages(run: Path, data: Path) -> list[dict]:
         for r in sorted(records, key=lambda r: -1.0 if r.fitness is None else r.fitness, reverse=True):
             if r.fitness is None or not Path(rd.model_path(r.id)).exists():
                 continue
-            generations, epochs, a = 0, 0, r
-            while a is not None:
-                generations += 1
-                epochs += len(a.curve)
-                a = by_id.get(a.inherits)  # None: a fresh start
             on = {name: score(r, rd.model_path(r.id), problem, config, *split[name]) for name in split}
-            rows.append({"id": r.id, "val": r.fitness, **on, "params": r.params,
-                         "generations": generations, "epochs": epochs, "best_epoch": r.metrics.get("best_epoch"),
-                         "pick": r.id == pick})
+            rows.append({"id": r.id, "val": r.fitness, **on, "params": r.params, **_line(r, by_id),
+                         "best_epoch": r.metrics.get("best_epoch"), "pick": r.id == pick})
     return rows
 
 
@@ -60,21 +83,30 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.lineage", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dirs", nargs="+", type=Path)
+    p.add_argument("--picks", action="store_true", help="each run's pick from its journal alone")
     args = p.parse_args(argv)
     runs = [d for top in args.dirs for d in ([top] if (top / "results.jsonl").exists()
                                              else sorted(top.glob("*-evolution*-*")) if top.is_dir() else [])
             if (d / "summary.json").exists()]  # a finished run (an abandoned one has no summary)
+    if args.picks:
+        print("| run | id | val | train loss | parameters | generations | epochs | carried | best epoch |\n"
+              + "|---" * 9 + "|")
+        for run in runs:
+            r = picks(run)
+            print(f"| {run.name} | {r['id']} | {r['val']:.4f} | {r['train_loss']:.4f} | {r['params']:,} "
+                  f"| {r['generations']} | {r['epochs']} | {r['carried']} | {r['best_epoch']} |")
+        return
     gaps, depth = [], []
     for run in runs:
         dataset = run.name.split("-evolution")[0]
         rows = lineages(run, run.parent / f"{dataset}.h5")
         print(f"{run}: {len(rows)} kept networks")
-        print("| id | val | test | val - test | train | parameters | generations | epochs | best epoch | pick |\n"
-              + "|---" * 10 + "|")
+        print("| id | val | test | val - test | train | parameters | generations | epochs | carried | best epoch "
+              "| pick |\n" + "|---" * 11 + "|")
         for r in rows:
             print(f"| {r['id']} | {r['val']:.4f} | {r['test']:.4f} | {r['val'] - r['test']:+.4f} | {r['train']:.4f} "
                   f"| {r['params']:,} | {r['generations']} "
-                  f"| {r['epochs']} | {r['best_epoch']} | {'yes' if r['pick'] else ''} |")
+                  f"| {r['epochs']} | {r['carried']} | {r['best_epoch']} | {'yes' if r['pick'] else ''} |")
             gaps.append(r["val"] - r["test"])
             depth.append(r["generations"])
     if len(gaps) > 2:
