@@ -69,9 +69,10 @@ class TrainConfig(Table):
         metrics: its training loss over its validation loss (at its best epoch, as its weights were kept), to two
         places, from `inherit_shrink` up to 1. None without `adaptive_shrink`, or where a loss is missing or not
         positive (the child then takes `inherit_shrink`)."""
+        if not self.adaptive_shrink:  # first: rank 0 asks of every result
+            return None
         train, val = metrics.get("train_loss"), metrics.get("val_loss")
-        if not self.adaptive_shrink or not isinstance(train, (int, float)) or not isinstance(val, (int, float)) \
-                or not (train > 0 and val > 0):
+        if not isinstance(train, (int, float)) or not isinstance(val, (int, float)) or not (train > 0 and val > 0):
             return None
         return round(min(1.0, max(self.inherit_shrink, train / val)), 2)
 
