@@ -4,7 +4,7 @@
     python -m bench.search --datasets signals shapes cosmoflow tabular --seeds 0 1 2 --minutes 1.5 --workers 2
     python -m bench.search --contestants evolution expert ...   # a part of the field
 
-Fourteen contestants search the same space for the same data, one after another on the same cores, and an expert
+Fifteen contestants search the same space for the same data, one after another on the same cores, and an expert
 trains a hand-written network there (bench/PROTOCOL.md says which answer what):
 - `evolution`, `random`: `galapagos evolve --strategy evolution|random --workers W --budget-minutes M`;
   `evolution-no-priors` the same with `evolution.priors = false` (the algorithm's share without the priors'),
@@ -15,8 +15,10 @@ trains a hand-written network there (bench/PROTOCOL.md says which answer what):
   `evolution-cost` with `evolution.cost_aware = true` (at a fitness within `cost_tolerance` of a tournament's
   fittest, fewer parameters win), `evolution-shrink` with `train.inherit_shrink = 0.5` (evolve/inherit.py: a child's
   inherited weights start halfway back to a fresh initialisation; the default since its pilot) and
-  `evolution-unshrunk` with 1 (a parent's weights as they are: the default before it), `evolution-finish` with
-  `evolution.finish = 0.25` (galapagos/flows/finish.py: the budget's last quarter trains the best networks on);
+  `evolution-unshrunk` with 1 (a parent's weights as they are: the default before it), `evolution-adaptive` with
+  `train.adaptive_shrink = true` (each child's share of its parent's weights the parent's training loss over its
+  validation loss, from 0.5 up to 1), `evolution-finish` with `evolution.finish = 0.25`
+  (galapagos/flows/finish.py: the budget's last quarter trains the best networks on);
 - `tpe`, `optuna-random`: W processes sharing one Optuna study (a journal file), TPESampler or RandomSampler
   seeded by 1000 * seed + process, MedianPruner with the config's `run.prune_after` and `run.prune_min_results`;
   `tpe-best` is TPE at its best: multivariate, constant liar, HyperbandPruner, warm-started with evolution's prior
@@ -120,8 +122,8 @@ DATASETS = {  # name -> (generator, its arguments, its configs in CONFIGS): each
 # (spectra is a tuning set of the decision round 2 tests); the others were tuned on
 HELD_OUT = ("spectra", "fields", "lightcurves", "tracks")
 CONTESTANTS = ("evolution", "evolution-no-priors", "evolution-rungs", "evolution-surrogate", "evolution-holdout",
-               "evolution-cost", "evolution-shrink", "evolution-unshrunk", "evolution-finish", "random", "tpe",
-               "tpe-best", "optuna-random", "expert")
+               "evolution-cost", "evolution-shrink", "evolution-unshrunk", "evolution-adaptive", "evolution-finish",
+               "random", "tpe", "tpe-best", "optuna-random", "expert")
 VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, and the settings they add
     "evolution": ("evolution", []), "random": ("random", []),
     "evolution-no-priors": ("evolution", ["evolution.priors=false"]),  # the algorithm's share without the priors'
@@ -131,11 +133,12 @@ VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, a
     "evolution-cost": ("evolution", ["evolution.cost_aware=true"]),  # at nearly equal fitness the smaller network
     "evolution-shrink": ("evolution", ["train.inherit_shrink=0.5"]),  # inherited weights halfway to a fresh start
     "evolution-unshrunk": ("evolution", ["train.inherit_shrink=1"]),  # a parent's weights as they are
+    "evolution-adaptive": ("evolution", ["train.adaptive_shrink=true"]),  # the share follows the parent's fit
     "evolution-finish": ("evolution", ["evolution.finish=0.25"]),  # the last quarter trains the best networks on
 }
 PAIRED = (("evolution", "tpe-best"), ("evolution", "tpe"), ("evolution-rungs", "evolution"),  # tested, a minus b
           ("evolution-surrogate", "evolution"), ("evolution-holdout", "evolution"), ("evolution-cost", "evolution"),
-          ("evolution-shrink", "evolution"), ("evolution-finish", "evolution"))
+          ("evolution-shrink", "evolution"), ("evolution-adaptive", "evolution"), ("evolution-finish", "evolution"))
 EXPERT_TIME_USED = 0.85  # of the time left that the expert's longer training is planned to take (a margin for noise)
 CONFIGS = Path(__file__).parent / "search_configs"
 

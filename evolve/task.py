@@ -6,6 +6,7 @@ trainer child, unpickles them without importing torch (bench/first_task.py): the
 from __future__ import annotations
 
 import pickle
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from galapagos.datashare.stream import StreamSpec
@@ -41,6 +42,9 @@ class TrainConfig(Table):
     inherited_epochs: int = 0  # epochs of a child that inherited at least half its parameters; 0 = epochs
     inherit_shrink: float = 0.5  # a child's inherited parameters start at this share of its parent's plus the rest
     # of a fresh initialisation's (evolve/inherit.py); 1 = the parent's as they are
+    adaptive_shrink: bool = False  # each child's share follows its parent's fit: the parent's training loss over its
+    # validation loss at its best epoch, from inherit_shrink up to 1 (a parent that does not fit its training split
+    # better than the validation's passes its weights on as they are)
     memory_format: str = "auto"  # conv nets: "auto" (channels-last for 2D on GPUs), "channels_last", "contiguous"
     compile: bool = False  # torch.compile each candidate: pays only where training is long against the compile
     cuda_graphs: bool = True  # on CUDA GPUs: each full batch's forward and backward replayed as two CUDA graphs
@@ -59,6 +63,18 @@ class TrainConfig(Table):
                 ("holdout", 0 <= self.holdout < 1, "a share from 0 (none) up to 1"),
                 ("builder", not self.builder or ":" in self.builder, "module:function, or \"\""),
                 self._compile_check()]
+
+    def shrink_after(self, metrics: Mapping) -> float | None:
+        """With `adaptive_shrink`, the share of a parent's weights its children start from, given the parent's
+        metrics: its training loss over its validation loss (at its best epoch, as its weights were kept), to two
+        places, from `inherit_shrink` up to 1. None without `adaptive_shrink`, or where a loss is missing or not
+        positive (the child then takes `inherit_shrink`)."""
+        if not self.adaptive_shrink:  # first: rank 0 asks of every result
+            return None
+        train, val = metrics.get("train_loss"), metrics.get("val_loss")
+        if not isinstance(train, (int, float)) or not isinstance(val, (int, float)) or not (train > 0 and val > 0):
+            return None
+        return round(min(1.0, max(self.inherit_shrink, train / val)), 2)
 
     def _compile_check(self) -> Check:
         if not self.compile:

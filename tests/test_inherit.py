@@ -127,6 +127,32 @@ def test_children_of_a_run_inherit_and_the_population_keeps_its_weights(shapes_f
             assert not heirs and all("inherited" not in r["metrics"] for r in records) and len(kept) == 1
 
 
+def test_an_adaptive_shrink_follows_the_parents_fit():
+    config = TrainConfig(adaptive_shrink=True, inherit_shrink=0.5)
+    assert config.shrink_after({"train_loss": 0.1, "val_loss": 0.5}) == 0.5  # memorising: the floor
+    assert config.shrink_after({"train_loss": 0.45, "val_loss": 0.6}) == 0.75
+    assert config.shrink_after({"train_loss": 0.9, "val_loss": 0.6}) == 1.0  # fits no better than val: as it is
+    for metrics in ({}, {"train_loss": 0.3}, {"train_loss": 0.0, "val_loss": 0.5}, {"train_loss": None, "val_loss": 1}):
+        assert config.shrink_after(metrics) is None  # the child takes inherit_shrink
+    assert TrainConfig(inherit_shrink=0.5).shrink_after({"train_loss": 0.45, "val_loss": 0.6}) is None
+
+
+def test_a_run_with_an_adaptive_shrink_starts_each_child_at_its_parents_share(shapes_file, tmp_path):  # noqa: F811
+    run = tmp_path / "run"
+    proc = galapagos("evolve", "--data", shapes_file, "--out", run, "--evaluations", 12, "--workers", 1, *SMALL,
+                     "--set", "train.adaptive_shrink=true", "--set", "train.inherit_shrink=0.3",
+                     "--set", "run.prune=false", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    records = {r["id"]: r for r in map(json.loads, (run / "results.jsonl").read_text().splitlines())}
+    heirs = [r for r in records.values() if "inherits" in r]
+    assert heirs
+    for r in heirs:
+        parent = records[r["inherits"]]["metrics"]
+        share = min(1.0, max(0.3, parent["train_loss"] / parent["val_loss"]))
+        assert r["metrics"]["shrink"] == pytest.approx(share, abs=0.005)
+    assert all("shrink" not in r["metrics"] for r in records.values() if "inherits" not in r)
+
+
 def test_a_child_that_inherits_most_of_its_parent_trains_inherited_epochs(shapes_file):  # noqa: F811
     from galapagos.datashare.format import load
     from galapagos.evolve.train import train_candidate

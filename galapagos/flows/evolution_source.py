@@ -71,6 +71,8 @@ class EvolutionSource(JournalSource):
                              self.ends[-1]) if ev.rungs > 1 else config.train
         self.released: list[int] = []  # checkpoints no promotion needs, dropped at the next sweep
         self.held: set[int] = set()  # evaluations whose weights are in models/
+        self.shrink: dict[int, float] = {}  # train.adaptive_shrink: a held evaluation -> its children's share of it
+        self.shrunk: dict[float, TrainConfig] = {}  # a share -> the training of a child that starts from it
         self.swept = 0.0  # when the weights no longer kept were last dropped (sweep)
         # the end of the time budget: the best networks train on (galapagos/flows/finish.py)
         self.finish = Finish(ev.finish, 60 * config.run.budget_minutes, deadline, config.train,
@@ -86,6 +88,7 @@ class EvolutionSource(JournalSource):
             self._sync_front(records)
         kept = self.kept()
         self.held = {i for i in self.held & kept if os.path.exists(self.run.model_path(i))}
+        self.shrink = {i: s for i, s in self.shrink.items() if i in self.held}
         self.run.prune_models(kept)  # weights of tasks that were running when a run was killed
         if ev.rungs > 1:
             os.makedirs(self.run.checkpoints, exist_ok=True)
@@ -160,10 +163,22 @@ class EvolutionSource(JournalSource):
         genome = what["genome"]
         drawn = None if genome is not None else self._draw(cid)
         seed = self.config.run.seed * 1_000_003 + cid
-        payload = TrainTask(genome, self.problem, self.finishing.get(cid, self.train), seed=seed,
+        payload = TrainTask(genome, self.problem, self._training(cid, parent), seed=seed,
                             save=self.run.model_path(cid), data=self.access, drawn=drawn,
                             inherit=None if parent is None else self.run.model_path(parent), **self._parts(cid, what))
         return Task(cid, payload, self.config.run.task_timeout)
+
+    def _training(self, cid: int, parent: int | None) -> TrainConfig:
+        """A task's `[train]`: a finishing task's own; a child's with the share of its parent's weights that follows
+        the parent's fit (`train.adaptive_shrink`); else the run's."""
+        if cid in self.finishing:
+            return self.finishing[cid]
+        share = self.shrink.get(parent)
+        if share is None:
+            return self.train
+        if share not in self.shrunk:
+            self.shrunk[share] = replace(self.train, inherit_shrink=share)
+        return self.shrunk[share]
 
     def _parts(self, cid: int, what: dict) -> dict:
         """Multi-fidelity: a task trains to its rung's end, from its parent's checkpoint if it was promoted, and
@@ -254,6 +269,8 @@ class EvolutionSource(JournalSource):
         bisect.insort(self.top, (-record.fitness, record.id, record), key=lambda t: t[:2])
         del self.top[self.config.run.keep_models:]
         self.held.add(record.id)
+        if (share := self.train.shrink_after(record.metrics)) is not None:
+            self.shrink[record.id] = share
         # once a network is finished, the best is the best finished one (galapagos/flows/finish.py), which may rank
         # below the kept top: its weights are kept as the best's, and the sweep comes after it is named
         new_best = self.best is None or (finishing, record.fitness) > (self.best.origin == FINISH, self.best.fitness)
@@ -272,6 +289,7 @@ class EvolutionSource(JournalSource):
         for dropped in self.held - kept:
             self.run.drop_model(dropped)
         self.held &= kept
+        self.shrink = {i: s for i, s in self.shrink.items() if i in self.held}
         for dropped in self.released:
             self.run.drop_checkpoint(dropped)
         self.released = []
