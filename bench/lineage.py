@@ -11,7 +11,8 @@ scores it on the test split (galapagos/flows/final_pick.py's scoring, as its fit
     python -m bench.lineage --picks DIR ...   # each run's pick only, from its journal: no data read, nothing scored
 
 The epochs along a lineage are those its trainings ran; the epochs its weights carry are the best epoch of each,
-since a child starts from its parent's best epoch (with `train.inherit_shrink` below 1, part of the way back to a fresh initialisation).
+since a child starts from its parent's best epoch (with `train.inherit_shrink` below 1, part of the way back to a
+fresh initialisation).
 """
 from __future__ import annotations
 

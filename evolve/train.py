@@ -147,7 +147,7 @@ def _step(opt: torch.optim.Optimizer, scaler: torch.amp.GradScaler | None, param
         sched.step()
 
 
-def _how_trained(inherited: float | None, shrink: float | None, amp_dtype: torch.dtype | None,
+def _how_trained(inherited: float | None, config: TrainConfig, amp_dtype: torch.dtype | None,
                  fmt: torch.memory_format | None, compile_seconds: float | None, graphs: bool,
                  captured: bool | None) -> dict:
     """The summary's notes on how the candidate trained, each where it applies (`shrink`: the share of its parent's
@@ -155,8 +155,8 @@ def _how_trained(inherited: float | None, shrink: float | None, amp_dtype: torch
     notes: dict = {}
     if inherited is not None:
         notes["inherited"] = round(inherited, 4)
-        if shrink is not None:
-            notes["shrink"] = round(shrink, 4)
+        if config.adaptive_shrink:
+            notes["shrink"] = config.inherit_shrink
     if amp_dtype is not None:
         notes["precision"] = str(amp_dtype).replace("torch.", "")
     if fmt is not None:
@@ -293,8 +293,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
             getattr(torch._C, "_cuda_clearCublasWorkspaces", lambda: None)()
     summary = _summary(best, epochs, last if until is not None or resumed is not None else None,
                        time.perf_counter() - t0, params, latency_ms(model, xva, device, autocast),
-                       _how_trained(inherited, config.inherit_shrink if config.adaptive_shrink else None,
-                                    amp_dtype, fmt, compile_seconds, graphs, captured))
+                       _how_trained(inherited, config, amp_dtype, fmt, compile_seconds, graphs, captured))
     return summary, {k: v.to("cpu") for k, v in best_state.items()}
 
 
