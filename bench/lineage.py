@@ -47,31 +47,34 @@ def _line(r, by_id: dict) -> dict:
     return {"generations": generations, "epochs": epochs, "carried": carried}
 
 
+def _journal(run: Path) -> tuple[dict, int]:
+    """`run`'s journal by id, and the id of its pick (summary.json's best)."""
+    by_id = {r.id: r for r in RunDir(run).read_journal()}
+    return by_id, json.loads((run / "summary.json").read_text())["best"]["id"]
+
+
 def picks(run: Path) -> dict:
     """The pick of `run` (a finished evolution run directory) from its journal alone: id, val, train loss (at its
     best epoch), best epoch, parameters and its lineage (`_line`)."""
-    records = RunDir(run).read_journal()
-    by_id = {r.id: r for r in records}
-    r = by_id[json.loads((run / "summary.json").read_text())["best"]["id"]]
+    by_id, pick = _journal(run)
+    r = by_id[pick]
     return {"id": r.id, "val": r.fitness, "train_loss": r.metrics.get("train_loss"), "params": r.params,
             "best_epoch": r.metrics.get("best_epoch"), **_line(r, by_id)}
 
 
 def lineages(run: Path, data: Path) -> list[dict]:
     """One row per kept network of `run` (an evolution run directory) that evolved on `data`, best by validation
-    first: id, val, train and test scores, parameters, generations (trainings along its lineage, its own included),
-    epochs (along it), its best epoch, whether it is the run's pick."""
+    first: id, val, train and test scores, parameters, its lineage (`_line`), its best epoch, whether it is the
+    run's pick."""
     rd = RunDir(run)
-    records = rd.read_journal()
-    by_id = {r.id: r for r in records}
+    by_id, pick = _journal(run)
     config = load_config(run / "config.toml", [])
     info, arrays = load(str(data), ("train", "test"))
     problem = Problem.of_dataset(info)
     split = {name: tuple(torch.from_numpy(a) for a in arrays[name]) for name in ("train", "test")}
-    pick = json.loads((run / "summary.json").read_text())["best"]["id"]
     rows = []
     with torch.no_grad():
-        for r in sorted(records, key=lambda r: -1.0 if r.fitness is None else r.fitness, reverse=True):
+        for r in sorted(by_id.values(), key=lambda r: -1.0 if r.fitness is None else r.fitness, reverse=True):
             if r.fitness is None or not Path(rd.model_path(r.id)).exists():
                 continue
             on = {name: score(r, rd.model_path(r.id), problem, config, *split[name]) for name in split}
