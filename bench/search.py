@@ -4,7 +4,7 @@
     python -m bench.search --datasets signals shapes cosmoflow tabular --seeds 0 1 2 --minutes 1.5 --workers 2
     python -m bench.search --contestants evolution expert ...   # a part of the field
 
-Fifteen contestants search the same space for the same data, one after another on the same cores, and an expert
+Sixteen contestants search the same space for the same data, one after another on the same cores, and an expert
 trains a hand-written network there (bench/PROTOCOL.md says which answer what):
 - `evolution`, `random`: `galapagos evolve --strategy evolution|random --workers W --budget-minutes M`;
   `evolution-no-priors` the same with `evolution.priors = false` (the algorithm's share without the priors'),
@@ -18,7 +18,12 @@ trains a hand-written network there (bench/PROTOCOL.md says which answer what):
   `evolution-unshrunk` with 1 (a parent's weights as they are: the default before it), `evolution-adaptive` with
   `train.adaptive_shrink = true` (each child's share of its parent's weights the parent's training loss over its
   validation loss, from 0.5 up to 1), `evolution-finish` with `evolution.finish = 0.25`
-  (galapagos/flows/finish.py: the budget's last quarter trains the best networks on);
+  (galapagos/flows/finish.py: the budget's last quarter trains the best networks on); `evolution-ensemble` is
+  evolution that keeps its 16 best networks' weights (`run.keep_models = 16`, which changes nothing the search
+  does), stops ENSEMBLE_RESERVE_S seconds early, and makes them an ensemble as they are (`galapagos ensemble
+  --strategy kept`: greedy selection on validation, nothing trained); its row scores the ensemble and, as
+  `pick_test`, the same run's single best network (best/), so that the two final picks of one search pair
+  exactly (the table's `evolution-ensemble:pick`);
 - `tpe`, `optuna-random`: W processes sharing one Optuna study (a journal file), TPESampler or RandomSampler
   seeded by 1000 * seed + process, MedianPruner with the config's `run.prune_after` and `run.prune_min_results`;
   `tpe-best` is TPE at its best: multivariate, constant liar, HyperbandPruner, warm-started with evolution's prior
@@ -123,7 +128,7 @@ DATASETS = {  # name -> (generator, its arguments, its configs in CONFIGS): each
 HELD_OUT = ("spectra", "fields", "lightcurves", "tracks")
 CONTESTANTS = ("evolution", "evolution-no-priors", "evolution-rungs", "evolution-surrogate", "evolution-holdout",
                "evolution-cost", "evolution-shrink", "evolution-unshrunk", "evolution-adaptive", "evolution-finish",
-               "random", "tpe", "tpe-best", "optuna-random", "expert")
+               "evolution-ensemble", "random", "tpe", "tpe-best", "optuna-random", "expert")
 VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, and the settings they add
     "evolution": ("evolution", []), "random": ("random", []),
     "evolution-no-priors": ("evolution", ["evolution.priors=false"]),  # the algorithm's share without the priors'
@@ -135,10 +140,15 @@ VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, a
     "evolution-unshrunk": ("evolution", ["train.inherit_shrink=1"]),  # a parent's weights as they are
     "evolution-adaptive": ("evolution", ["train.adaptive_shrink=true"]),  # the share follows the parent's fit
     "evolution-finish": ("evolution", ["evolution.finish=0.25"]),  # the last quarter trains the best networks on
+    "evolution-ensemble": ("evolution", ["run.keep_models=16"]),  # the kept 16 an ensemble at the end
 }
+ENSEMBLED = {"evolution-ensemble": 16}  # contestant -> the most members its kept ensemble is chosen from
+ENSEMBLE_RESERVE_S = 20.0  # of the wall time, held back from the search for the kept ensemble's build (seconds)
+PICK = ":pick"  # an ensembled run's own single best network, as a contestant of the table (with_picks)
 PAIRED = (("evolution", "tpe-best"), ("evolution", "tpe"), ("evolution-rungs", "evolution"),  # tested, a minus b
           ("evolution-surrogate", "evolution"), ("evolution-holdout", "evolution"), ("evolution-cost", "evolution"),
-          ("evolution-shrink", "evolution"), ("evolution-adaptive", "evolution"), ("evolution-finish", "evolution"))
+          ("evolution-shrink", "evolution"), ("evolution-adaptive", "evolution"), ("evolution-finish", "evolution"),
+          ("evolution-ensemble", "evolution-ensemble" + PICK))
 EXPERT_TIME_USED = 0.85  # of the time left that the expert's longer training is planned to take (a margin for noise)
 CONFIGS = Path(__file__).parent / "search_configs"
 
@@ -230,14 +240,41 @@ def run_galapagos(strategy: str, data: Path, config: Path, out: Path, seed: int,
             "val": best and best["fitness"], "model": best and out / "best"}
 
 
+def kept_ensemble(run: dict, out: Path, data: Path, members: int) -> dict:
+    """The run's kept networks made an ensemble (`galapagos ensemble --strategy kept`, the command a user would
+    run), in place of its single pick as the run's network: its validation score, the pick's and the build's
+    seconds."""
+    if run["model"] is None:  # nothing finished: nothing to ensemble
+        return run
+    ens, start = out.with_name(out.name + "-ensemble"), time.time()
+    proc = subprocess.run([sys.executable, "-m", "galapagos.cli", "ensemble", "--from", str(out), "--data", str(data),
+                           "--out", str(ens), "--strategy", "kept", "--members", str(members)],
+                          capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"galapagos ensemble --strategy kept --from {out} failed: {proc.stderr.strip()}")
+    val = json.loads((ens / "metrics.json").read_text())["val"]["ensemble"]
+    return {**run, "model": ens, "val": _score(val), "pick_val": run["val"], "pick_model": run["model"],
+            "ensemble_s": round(time.time() - start, 1)}
+
+
+def with_picks(rows: list[dict]) -> list[dict]:
+    """The rows, and for each ensembled run its own single pick as a row of contestant NAME:pick (paired with the
+    ensemble of the same search: bench/PROTOCOL.md's ensemble pilot)."""
+    return rows + [{**r, "contestant": r["contestant"] + PICK, "test": r["pick_test"], "val": r["pick_val"]}
+                   for r in rows if "pick_test" in r]
+
+
+def _score(scores: dict) -> float:
+    return scores["accuracy"] if "accuracy" in scores else scores["r2"]
+
+
 def test_score(model: Path, data: Path) -> float:
-    """The test score of a saved network, from the command a user would run."""
+    """The test score of a saved network or ensemble, from the command a user would run."""
     proc = subprocess.run([sys.executable, "-m", "galapagos.cli", "predict", "--model", str(model), "--data",
                            str(data), "--split", "test", "--json"], capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"galapagos predict --model {model} failed: {proc.stderr.strip()}")
-    scores = json.loads(proc.stdout.strip().splitlines()[-1])
-    return scores["accuracy"] if scores["task"] == "classification" else scores["r2"]
+    return _score(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 def code_version() -> str | None:
@@ -328,7 +365,8 @@ def main(argv: list[str] | None = None) -> None:
         made = run(args, rows)
         refuse_clash(made)
         rows += made
-    print(table(rows, args.datasets, args.contestants, HELD_OUT, PAIRED, pairs))
+    picks = [c + PICK for c in args.contestants if c in ENSEMBLED]
+    print(table(with_picks(rows), args.datasets, args.contestants + picks, HELD_OUT, PAIRED, pairs))
     if args.readme:
         write_readme(args.readme, summary(rows, args.datasets, args.contestants, args.seeds, minutes=args.minutes,
                                           workers=args.workers, held_out=HELD_OUT, pairs=pairs), argv)
@@ -366,8 +404,11 @@ def run(args: argparse.Namespace, held: list[dict]) -> list[dict]:
                     config = work / "defaults.toml" if args.default_space else config_path(name)
                     if contestant in VARIANTS:
                         strategy, settings = VARIANTS[contestant]
-                        r = run_galapagos(strategy, data, config, out, seed, args.minutes, args.workers, deadline,
-                                          args.set + settings)
+                        reserve = ENSEMBLE_RESERVE_S if contestant in ENSEMBLED else 0.0
+                        r = run_galapagos(strategy, data, config, out, seed, args.minutes - reserve / 60,
+                                          args.workers, deadline - reserve, args.set + settings)
+                        if contestant in ENSEMBLED:
+                            r = kept_ensemble(r, out, data, ENSEMBLED[contestant])
                     elif contestant == "expert":
                         r = run_expert(data, config, expert_path(name), out, seed, args.workers, cores, deadline,
                                        args.set)
@@ -375,6 +416,9 @@ def run(args: argparse.Namespace, held: list[dict]) -> list[dict]:
                         r = run_optuna(contestant, data, config, out, seed, args.workers, cores, deadline, args.set)
                     wall = time.time() - t0
                     model, val = r.pop("model"), r.pop("val")
+                    if (pick := r.pop("pick_model", None)) is not None:
+                        r["pick_test"] = round(test_score(pick, data), 4)
+                        r["pick_val"] = round(r["pick_val"], 4)
                     row = {"dataset": name, "contestant": contestant, "seed": seed, "minutes": args.minutes,
                            "workers": args.workers, "default_space": args.default_space,
                            "test": None if model is None else round(test_score(model, data), 4),

@@ -6,16 +6,21 @@ different seeds; `mixed` (the default) trains the ceil(K/2) best distinct genome
 genome under new seeds. When a run has fewer distinct genomes than asked for, the list is filled by retraining the
 best ones again with new seeds. Every member has its own seed, none equal to a seed the search used.
 
+`kept` trains nothing: the members are the best distinct networks whose weights the run kept (`run.keep_models`),
+as the search trained them, up to `members` of them: an ensemble in seconds, at the end of the search's own
+budget (bench/RESULTS.md measures it against the search's single pick). Their seed is the search's own.
+
 The run's journal records are read by attribute (the application's journal records are such objects): `id`,
 `status`, `fitness`, `key` and `genome` (its JSON).
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-STRATEGIES = ("distinct", "seeds", "mixed")
+STRATEGIES = ("distinct", "seeds", "mixed", "kept")
 SEED_BASE = 2 ** 31  # member seeds start here; the search's are run.seed * 1_000_003 + evaluation id
 
 
@@ -49,9 +54,10 @@ def ranked_genomes(records: list[Any]) -> list[Any]:
     return out
 
 
-def choose_members(records: list[Any], *, members: int, strategy: str, seed: int,
-                   run: str = "") -> list[MemberSpec]:
-    """The plan: `members` member specs from a run's journal records, picked by `strategy`, seeded from `seed`."""
+def choose_members(records: list[Any], *, members: int, strategy: str, seed: int, run: str = "",
+                   kept: Collection[int] = (), search_seed: int = 0) -> list[MemberSpec]:
+    """The plan: `members` member specs from a run's journal records, picked by `strategy`, seeded from `seed`
+    (`kept`: from the evaluations whose weights the run kept, with the seed `search_seed` gave their training)."""
     if members < 1 or strategy not in STRATEGIES:
         raise ValueError(f"choose_members: expected members >= 1 and a strategy of {', '.join(STRATEGIES)}, "
                          f"got {members!r} and {strategy!r}")
@@ -59,6 +65,8 @@ def choose_members(records: list[Any], *, members: int, strategy: str, seed: int
     if not tops:
         raise ValueError(f"{run or 'the run'}: no evaluation finished with status ok; nothing to build an "
                          "ensemble from")
+    if strategy == "kept":
+        return kept_members(records, members, kept, search_seed, run)
     k = members
     if strategy == "seeds":
         picks = [tops[0]] * k
@@ -75,3 +83,16 @@ def choose_members(records: list[Any], *, members: int, strategy: str, seed: int
                                 seed=SEED_BASE + seed * 1_000_003 + i,
                                 origin={"run": run, "id": r.id, "kind": kind, "fitness": r.fitness}))
     return specs
+
+
+def kept_members(records: list[Any], members: int, kept: Collection[int], search_seed: int,
+                 run: str) -> list[MemberSpec]:
+    """The `kept` plan: the best `members` distinct networks among the evaluations in `kept`, best first."""
+    kept = set(kept)
+    tops = ranked_genomes([r for r in records if r.id in kept])
+    if not tops:
+        raise ValueError(f"{run or 'the run'}: no finished evaluation's weights are kept in its models/ folder; "
+                         "the kept strategy has nothing to build from (train members: --strategy mixed)")
+    return [MemberSpec(name=f"m{i:02d}-e{r.id}", genome=r.genome, key=r.key, seed=search_seed * 1_000_003 + r.id,
+                       origin={"run": run, "id": r.id, "kind": "kept", "fitness": r.fitness})
+            for i, r in enumerate(tops[:members])]

@@ -130,7 +130,7 @@ class EnsembleConfig(Table):
     choices = {"strategy": STRATEGIES}
 
     members: int = 8  # networks in the ensemble
-    strategy: str = "mixed"  # distinct | seeds | mixed (ensemble.members.choose_members)
+    strategy: str = "mixed"  # distinct | seeds | mixed | kept (ensemble.members.choose_members)
     epochs: int = 0  # epochs per member; 0 = twice train.epochs (members train to completion, no pruning)
     task_timeout: float = 0.0  # seconds per member; 0 = run.task_timeout scaled by epochs / train.epochs
     max_rounds: int = 50  # selection: the most picks (with replacement)

@@ -142,8 +142,9 @@ def build_parser() -> argparse.ArgumentParser:
     en.add_argument("--members", type=int, metavar="K", help="members to train (default: ensemble.members, 8)")
     en.add_argument("--pick", metavar="ID|CONSTRAINTS", help="members only from the run's evaluations that meet "
                     "constraints such as 'params<=100000,latency<=2' (latency in ms), or one evaluation's id")
-    en.add_argument("--strategy", choices=["distinct", "seeds", "mixed"],
-                    help="members from the best distinct genomes, the best genome with new seeds, or half each "
+    en.add_argument("--strategy", choices=["distinct", "seeds", "mixed", "kept"],
+                    help="members trained from the best distinct genomes, the best genome with new seeds, or half "
+                    "each; or kept: the run's kept networks as they are, nothing trained, no ranks started "
                     "(default: ensemble.strategy, mixed)")
     en.add_argument("--set", action="append", metavar="KEY=VALUE", help="override one value of the run's config, "
                     "e.g. ensemble.epochs=10 (repeatable)")

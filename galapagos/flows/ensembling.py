@@ -4,6 +4,8 @@ workers, then selection, manifest, metrics.
 Members train through the same runtime as the evolution run (supervised trainer children, time limits, crash
 handling); a member that fails is recorded in DIR/results.jsonl with its status and left out, and the ensemble is
 built from the rest. `--resume` reads the saved plan and the journal and trains only the members not yet finished.
+With `--strategy kept` nothing trains: the run's kept weights are copied in as the members, in this process (no
+ranks are started; under a launcher the workers are stopped at once).
 """
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import dataclasses
 import json
 import logging
 import shutil
+import socket
+import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,7 +44,7 @@ from galapagos.launch.scripts.request import job_folder
 from galapagos.options import EnsembleOptions
 from galapagos.reports.progress import ProgressView, Snapshot
 from galapagos.store.ensembledir import EnsembleDir, EnsembleError, Manifest, Member, save_manifest
-from galapagos.store.journal import JournalRecord
+from galapagos.store.journal import JournalRecord, journal_record
 from galapagos.store.rundir import RunDir
 
 log = logging.getLogger(__name__)
@@ -113,12 +117,54 @@ def prepare(source: str | Path, data: str | Path, out: str | Path, *, sets: list
             records = [r for r in records if r.status == "ok" and test(r)]
             if not records:
                 raise RunDirError(f"--pick {pick}: no finished evaluation of {source} meets it")
+        kept = {r.id for r in records if Path(src.model_path(r.id)).exists()} if is_kept(config) else ()
         try:
-            specs = choose_members(records, members=config.ensemble.members,
-                                   strategy=config.ensemble.strategy, seed=config.ensemble.seed, run=str(src.path))
+            specs = choose_members(records, members=config.ensemble.members, strategy=config.ensemble.strategy,
+                                   seed=config.ensemble.seed, run=str(src.path), kept=kept,
+                                   search_seed=config.run.seed)
         except ValueError as exc:
             raise RunDirError(f"--run {exc}") from None
     return EnsembleJob(src, str(data), dst, config, problem, tuple(specs), resume)
+
+
+def is_kept(config: Config) -> bool:
+    """The members are the run's kept networks, trained by the search: nothing to train."""
+    return config.ensemble.strategy == "kept"
+
+
+def place_kept(job: EnsembleJob, records: list[JournalRecord]) -> list[JournalRecord]:
+    """Copy each kept network of the plan not yet placed into its member directory and journal it as a member
+    that finished with the search's own fitness and metrics; every member's record."""
+    done = {r.name for r in records if member_done(job.out, r)}
+    records = [r for r in records if r.name in done]
+    by_id = {r.id: r for r in job.source.read_journal()}
+    builder = job.config.train.builder
+    for i, spec in enumerate(job.specs):
+        if spec.name in done:
+            continue
+        found = by_id.get(spec.origin["id"])
+        weights = Path(job.source.model_path(spec.origin["id"]))
+        if found is None or not weights.exists():
+            raise RunDirError(f"--run {job.source.path}: the weights of evaluation {spec.origin['id']} are no longer "
+                              f"in {job.source.models} (the plan in {job.out.plan} needs them)")
+        net = NetworkDir(job.out.member(spec.name))
+        net.path.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(weights, net.model_file)
+        params = count_params(Genome.from_json(spec.genome), job.problem, builder)
+        net.write(spec.genome, {"problem": job.problem.to_dict(), "fitness": found.fitness,
+                                "metrics": dict(found.metrics), "params": params, "seed": spec.seed,
+                                "origin": spec.origin, "key": spec.key, "name": spec.name,
+                                "describe": Genome.from_json(spec.genome).describe(),
+                                **({"builder": builder} if builder else {})})
+        now = time.time()
+        result = Result(i, 0, socket.gethostname(), Status.OK, found.fitness, now, now, dict(found.metrics))
+        record = journal_record(result, list(found.curve), {"name": spec.name, "genome": spec.genome,
+                                                            "key": spec.key, "seed": spec.seed,
+                                                            "origin": spec.origin, "params": params})
+        job.out.append(record)
+        records.append(record)
+    job.out.flush()
+    return records
 
 
 def member_done(out: EnsembleDir, record: JournalRecord) -> bool:
@@ -181,18 +227,25 @@ class EnsembleSource(JournalSource):
         return self._snapshot(total=len(self.job.specs), best=max(ok, default=None))
 
 
+def write_plan(job: EnsembleJob) -> None:
+    """The directory's folders, config and plan (kept as they are on --resume)."""
+    for d in (job.out.path, job.out.members, job.out.logs):
+        d.mkdir(parents=True, exist_ok=True)
+    job.out.config.write_text(job.config.dumps())
+    if not job.resume:
+        write_json(job.out.plan, [s.to_dict() for s in job.specs])
+
+
 def start_workers(session: MasterSession, job: EnsembleJob) -> None:
     """Write the directory's config and plan, then send the workers their setup and the train/val data, as an
-    evolution run does."""
+    evolution run does (no data where there is nothing to train)."""
     run = job.config.run
     with session.starting():
-        for d in (job.out.path, job.out.members, job.out.logs):
-            d.mkdir(parents=True, exist_ok=True)
-        job.out.config.write_text(job.config.dumps())
-        if not job.resume:
-            write_json(job.out.plan, [s.to_dict() for s in job.specs])
-        plan, memory, _ = dataset_plan(job.data, ("train", "val"), val_fraction=run.val_fraction, seed=run.seed,
-                                       chunk_bytes=run.chunk_mib << 20, readers=run.readers or "node")
+        write_plan(job)
+        plan, memory = {}, None
+        if not is_kept(job.config):
+            plan, memory, _ = dataset_plan(job.data, ("train", "val"), val_fraction=run.val_fraction, seed=run.seed,
+                                           chunk_bytes=run.chunk_mib << 20, readers=run.readers or "node")
     liveness = run.liveness(job.out.master_heartbeat, session.workers)
     session.start(Setup(run.task, str(job.out.logs), liveness=liveness, pack=run.packing, spread=run.spreading,
                         spread_ranks=run.spread_ranks), plan,
@@ -206,6 +259,8 @@ def master_build(session: MasterSession, job: EnsembleJob) -> dict | None:
     records = job.out.read_journal(repair=True) if job.resume else []
     session.while_serving(job.out.close)
     start_workers(session, job)
+    if is_kept(job.config):  # nothing to train: the workers are stopped by serving no task
+        records = place_kept(job, records)
     source = EnsembleSource(job, records=records)
     log.info("training %d of %d ensemble member(s) (%d epochs each, limit %.0f s) on %d worker(s)",
              len(source.pending), len(job.specs), source.train.epochs, source.timeout, session.workers)
@@ -281,21 +336,39 @@ def check(opts: EnsembleOptions) -> EnsembleJob:
                    overrides=ensemble_overrides(opts.members, opts.strategy))
 
 
-def build(session: MasterSession, job: EnsembleJob) -> dict:
-    """Rank 0: train, select and score the checked ensemble job; the metrics, or where it stopped."""
+def build_kept(job: EnsembleJob) -> dict:
+    """The kept strategy in one process, with no ranks: place the kept networks, then select and score."""
+    write_plan(job)
+    try:
+        records = place_kept(job, job.out.read_journal(repair=True) if job.resume else [])
+    finally:
+        job.out.close()
+    log.info("%d kept network(s) of %s as members (nothing trained)", len(records), job.source.path)
+    return finish(job, records)
+
+
+def build(session: MasterSession | None, job: EnsembleJob) -> dict:
+    """Rank 0: train, select and score the checked ensemble job; the metrics, or where it stopped. Without a
+    session (the kept strategy started without MPI), in this process."""
     job.out.logs.mkdir(parents=True, exist_ok=True)
     setup_logging(0, job.out.master_log)
-    metrics = master_build(session, job)
+    metrics = build_kept(job) if session is None else master_build(session, job)
     if metrics is None:
         return {"ensemble_dir": str(job.out.path), "stopped_by": stop_signal()}
     return {**metrics, "ensemble_dir": str(job.out.path)}
 
 
 def master(comm: Any, opts: EnsembleOptions) -> dict:
+    if comm is None:  # started without MPI, with nothing to train (mpijob.run: Flow.alone)
+        return build(None, check(opts))
     with MasterSession(comm) as session:
         with session.starting():
             job = check(opts)
         return build(session, job)
 
 
-FLOW = Flow("ensemble", check, master)
+def alone(job: EnsembleJob) -> bool:
+    return is_kept(job.config)
+
+
+FLOW = Flow("ensemble", check, master, alone=alone)
