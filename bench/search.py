@@ -260,8 +260,8 @@ def kept_ensemble(run: dict, out: Path, data: Path, members: int) -> dict:
 def with_picks(rows: list[dict]) -> list[dict]:
     """The rows, and for each ensembled run its own single pick as a row of contestant NAME:pick (paired with the
     ensemble of the same search: bench/PROTOCOL.md's ensemble pilot)."""
-    return rows + [{**r, "contestant": r["contestant"] + PICK, "test": r["pick_test"], "val": r["pick_val"]}
-                   for r in rows if "pick_test" in r]
+    return rows + [{**{k: v for k, v in r.items() if not k.startswith("pick_")}, "contestant": r["contestant"] + PICK,
+                    "test": r["pick_test"], "val": r["pick_val"]} for r in rows if "pick_test" in r]
 
 
 def _score(scores: dict) -> float:

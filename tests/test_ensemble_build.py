@@ -11,6 +11,7 @@ import pytest
 
 from galapagos import cli
 from galapagos.ensemble.members import SEED_BASE, choose_members
+from galapagos.errors import RunDirError
 from galapagos.examples import shapes
 from galapagos.models import load_network
 from galapagos.store.ensembledir import EnsembleDir, EnsembleError, load_manifest
@@ -58,6 +59,19 @@ def test_members_by_strategy():
         assert len({s.name for s in plan}) == len(plan)
     with pytest.raises(ValueError, match="no evaluation finished"):
         choose_members([_record(0, None, "a", "crashed")], members=8, strategy="mixed", seed=0)
+
+
+def test_kept_members_are_the_best_kept_networks():
+    records = [_record(0, 0.5, "a"), _record(1, 0.9, "b"), _record(2, 0.8, "c"), _record(3, 0.7, "d"),
+               _record(4, 0.95, "b"), _record(5, 0.6, "e", "pruned")]
+    kept = choose_members(records, members=3, strategy="kept", seed=0, run="r", kept={0, 1, 2, 4, 5},
+                          search_seed=7)
+    assert [s.origin["id"] for s in kept] == [4, 2, 0]  # best first, one per genome, only those with weights
+    assert {s.origin["kind"] for s in kept} == {"kept"} and [s.seed for s in kept] == [7 * 1_000_003 + i
+                                                                                       for i in (4, 2, 0)]
+    assert len(choose_members(records, members=16, strategy="kept", seed=0, kept={1, 3})) == 2  # as many as kept
+    with pytest.raises(ValueError, match="no finished evaluation's weights are kept"):
+        choose_members(records, members=4, strategy="kept", seed=0, kept={5})
 
 
 # -- design, and an ensemble from its run --------------------------------------------------------------------------
@@ -139,6 +153,67 @@ def test_a_crashed_member_is_recorded_and_the_rest_make_the_ensemble(design, sha
     metrics = json.loads((out / "metrics.json").read_text())
     assert set(metrics["test"]["members"]) == {by_id[0]["name"], by_id[2]["name"]}
     assert metrics["status"] == {"ok": 2, "crashed": 1}
+
+
+def test_an_ensemble_of_the_kept_networks_trains_nothing(design, shapes_file, tmp_path, capsys, monkeypatch):
+    """--strategy kept, started without MPI: the run's kept weights as the members, in this process; --resume
+    places only what is missing; under a launcher the workers are stopped at once."""
+    from galapagos.flows import mpijob
+    from galapagos.store.rundir import RunDir
+
+    def no_ranks(*args, **kwargs):
+        raise AssertionError("the kept strategy started ranks")
+
+    monkeypatch.setattr(mpijob, "start_ranks", no_ranks)
+    run, _ = design
+    out = tmp_path / "kept"
+    argv = ["ensemble", "--from", run, "--data", shapes_file, "--out", out, "--strategy", "kept", "--members", 3]
+    assert cli.main([str(a) for a in argv]) == 0
+    assert "selection on val" in capsys.readouterr().out
+    search = {r["id"]: r for r in journal(run)}
+    records = journal(out)
+    best = sorted((r for r in search.values() if r["status"] == "ok"), key=lambda r: -r["fitness"])[:3]
+    assert [r["origin"]["id"] for r in records] == [r["id"] for r in best]
+    metrics = json.loads((out / "metrics.json").read_text())
+    for record in records:
+        source = search[record["origin"]["id"]]
+        assert record["status"] == "ok" and record["rank"] == 0 and record["fitness"] == source["fitness"]
+        member = EnsembleDir(out).member(record["name"])
+        assert (member / "model.pt").read_bytes() == Path(RunDir(run).model_path(source["id"])).read_bytes()
+        # the weights the search scored: their validation accuracy is the search's fitness
+        assert metrics["val"]["members"][record["name"]]["accuracy"] == pytest.approx(source["fitness"], abs=1e-6)
+    assert metrics["selection"]["ensemble"] <= metrics["selection"]["single_best"]
+    assert json.loads((out / "plan.json").read_text())[0]["origin"]["kind"] == "kept"
+
+    lines = (out / "results.jsonl").read_text().splitlines(keepends=True)
+    (out / "results.jsonl").write_text("".join(lines[:-1]))
+    shutil.rmtree(EnsembleDir(out).member(json.loads(lines[-1])["name"]))
+    assert cli.main([str(a) for a in ["ensemble", "--from", run, "--data", shapes_file, "--out", out,
+                                      "--resume"]]) == 0
+    again = journal(out)
+    assert again[:2] == [json.loads(line) for line in lines[:-1]] and len(again) == 3
+    assert len(load_manifest(out).members) == 3
+
+    proc = run_mpi(3, ["-m", "galapagos.cli", *map(str, [*argv[:6], tmp_path / "under-mpi", *argv[7:]])],
+                   timeout=120)
+    assert proc.returncode == 0, describe_run(proc)
+    assert [r["origin"]["id"] for r in journal(tmp_path / "under-mpi")] == [r["id"] for r in best]
+
+
+def test_kept_weights_gone_are_a_clear_error(design, shapes_file, tmp_path, capsys):
+    from galapagos.flows.ensembling import build_kept, prepare
+
+    run, _ = design
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    job = prepare(copy, shapes_file, tmp_path / "ens", overrides={"ensemble.strategy": "kept"})
+    for f in (copy / "models").glob("*.pt"):
+        f.unlink()
+    with pytest.raises(RunDirError, match="are no longer in"):
+        build_kept(job)
+    code = cli.main([str(a) for a in ["ensemble", "--from", copy, "--data", shapes_file, "--out", tmp_path / "e2",
+                                      "--strategy", "kept"]])
+    assert code == 2 and "no finished evaluation's weights are kept" in capsys.readouterr().err
 
 
 def test_no_member_trained_is_a_clear_error(design, shapes_file, tmp_path):

@@ -146,3 +146,29 @@ def test_rows_for_the_pairing_alone_pair_on_one_machine_and_stay_out_of_the_cell
         with pytest.raises(SystemExit):
             main(argv + ["--pairs", str(bad)])
         assert why in capsys.readouterr().err
+
+
+def test_an_ensembled_run_pairs_with_its_own_single_pick(tmp_path, capsys):
+    """An evolution-ensemble row scores the kept ensemble and, as pick_test, the same search's best/: the table
+    pairs the two within each run (bench.search.with_picks)."""
+    import json
+
+    from bench.search import PICK, main, with_picks
+
+    def row(seed, test, pick):
+        return {"dataset": "fields", "contestant": "evolution-ensemble", "seed": seed, "minutes": 5, "workers": 2,
+                "default_space": False, "test": test, "val": 0.9, "pick_test": pick, "pick_val": 0.89,
+                "evaluations": 10, "machine": "m"}
+    rows = [row(0, 0.88, 0.86), row(1, 0.87, 0.875), row(2, None, None)]
+    picks = with_picks(rows)
+    assert [r["contestant"] for r in picks[3:]] == ["evolution-ensemble" + PICK] * 3
+    assert [r["test"] for r in picks[3:]] == [0.86, 0.875, None] and picks[3]["val"] == 0.89
+    assert with_picks(picks[3:]) == picks[3:]  # a pick row is no ensembled run
+    results = tmp_path / "pilot.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    main(["--datasets", "fields", "--contestants", "evolution-ensemble", "--seeds", "0", "1", "2", "--minutes", "5",
+          "--results", str(results), "--table-only"])
+    out = capsys.readouterr().out
+    assert "| fields | evolution-ensemble:pick | 0.8675 ± 0.0106 |" in out
+    assert "evolution-ensemble against evolution-ensemble:pick over fields: 2 paired runs, mean difference +0.0075" \
+        in out

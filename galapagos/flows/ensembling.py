@@ -132,6 +132,15 @@ def is_kept(config: Config) -> bool:
     return config.ensemble.strategy == "kept"
 
 
+def write_member(job: EnsembleJob, spec: MemberSpec, fitness: float, metrics: dict, params: int) -> None:
+    """A member's genome.json and metrics.json, beside its model.pt."""
+    builder = job.config.train.builder
+    NetworkDir(job.out.member(spec.name)).write(spec.genome, {
+        "problem": job.problem.to_dict(), "fitness": fitness, "metrics": metrics, "params": params, "seed": spec.seed,
+        "origin": spec.origin, "key": spec.key, "name": spec.name, "describe": Genome.from_json(spec.genome).describe(),
+        **({"builder": builder} if builder else {})})
+
+
 def place_kept(job: EnsembleJob, records: list[JournalRecord]) -> list[JournalRecord]:
     """Copy each kept network of the plan not yet placed into its member directory and journal it as a member
     that finished with the search's own fitness and metrics; every member's record."""
@@ -151,11 +160,7 @@ def place_kept(job: EnsembleJob, records: list[JournalRecord]) -> list[JournalRe
         net.path.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(weights, net.model_file)
         params = count_params(Genome.from_json(spec.genome), job.problem, builder)
-        net.write(spec.genome, {"problem": job.problem.to_dict(), "fitness": found.fitness,
-                                "metrics": dict(found.metrics), "params": params, "seed": spec.seed,
-                                "origin": spec.origin, "key": spec.key, "name": spec.name,
-                                "describe": Genome.from_json(spec.genome).describe(),
-                                **({"builder": builder} if builder else {})})
+        write_member(job, spec, found.fitness, dict(found.metrics), params)
         now = time.time()
         result = Result(i, 0, socket.gethostname(), Status.OK, found.fitness, now, now, dict(found.metrics))
         record = journal_record(result, list(found.curve), {"name": spec.name, "genome": spec.genome,
@@ -214,10 +219,7 @@ class EnsembleSource(JournalSource):
             self.cancelled += 1
             return
         if r.status == Status.OK and net.model_file.exists():
-            net.write(spec.genome, {"problem": self.job.problem.to_dict(), "fitness": r.fitness, "metrics": r.metrics,
-                                    "params": params, "seed": spec.seed, "origin": spec.origin, "key": spec.key,
-                                    "name": spec.name, "describe": Genome.from_json(spec.genome).describe(),
-                                    **({"builder": builder} if builder else {})})
+            write_member(self.job, spec, r.fitness, r.metrics, params)
             return
         shutil.rmtree(net.path, ignore_errors=True)  # a failed member leaves only its journal line
         self.warn(f"member {spec.name}", r)

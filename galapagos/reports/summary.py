@@ -147,7 +147,7 @@ def format_report(report: dict) -> str:
         f"  best single network  {_line(report['best_single'], task)}  ({RunDir(report['run']).best})",
         f"  best member          {_line(report['best_member'], task)}  ({report['best_member']['name']})",
         (f"  ensemble             {_line(report['ensemble_metrics'], task)}  ({report['ensemble']}, {used} of "
-         f"{len(report['members'])} trained members used)"),
+         f"{len(report['members'])} members used)"),
         f"report: {RunDir(report['run']).report}"])
 
 
