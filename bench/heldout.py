@@ -15,11 +15,25 @@ protocol, before any run on them:
 - `tracks`: 1x32x32 detector images of six kinds of event from a vertex: one straight track, one track bending left
   or right, two or three prongs, or a shower of short segments, among noise hits; a bright deposit marks the
   vertex. The class is in the topology and the handedness of local shapes, not in a global statistic.
-The difficulty of all four was set by reasoning alone (no network trained on them): per-sample line strengths down
+Round 3 (bench/PROTOCOL.md), two more, written after the kept-ensemble pilot's verdict and committed with round 3's
+protocol, before any run on them:
+- `seismograms`: 1x256 ground-motion traces of six kinds of event that differ by their phases: a local or a
+  regional earthquake (the S wave 8-30 or 34-80 samples after the P wave, and stronger), an explosion (a
+  compressional P wave, a weak S wave), a teleseism (one low-frequency arrival with a long coda), a doublet (two
+  local earthquakes) or an emergent noise burst, at a random onset in noise that drifts. The class is in the
+  phases' order, spacing, strengths and frequency, not in the onset.
+- `galaxies`: 1x32x32 images of six morphologies: an elliptical (a de Vaucouleurs profile), a plain disk (an
+  exponential one), a two-armed spiral, a barred disk, a ring around a small bulge, or a merger of two cores, at a
+  random size, ellipticity, orientation and brightness, blurred by a seeing disk, among faint field stars, in
+  noise. The class is in the light's shape, not in where or how bright it is.
+The difficulty of all six was set by reasoning alone (no network trained on them): per-sample line strengths down
 to about one noise sigma, line ratios and slopes jittered towards the neighbouring class, noise that hides the small
 scales where slopes differ most, skews as weak as a few tenths; cycle shapes jittered towards their neighbour
 (eclipse depths, a sawtooth's rise) under noise near a third of the amplitude; bends as gentle as a radius of 30
-pixels and prongs as close as 0.35 radians, among noise hits; so that no network should reach every sample.
+pixels and prongs as close as 0.35 radians, among noise hits; S-P delays and S/P ratios that nearly meet between
+neighbouring kinds, arrivals as weak as twice the noise; spiral arms of a contrast down to 0.4 and discs as flat
+as an axis ratio of 0.45 beside bars, mergers as close as 3 pixels, under seeing of up to 1.6 pixels and noise of
+0.15 against peaks of 0.6-1.2; so that no network should reach every sample.
 """
 from __future__ import annotations
 
@@ -50,6 +64,9 @@ FIELD_CLASSES = tuple(f"{kind}_{slope:g}" for kind in ("gaussian", "lognormal") 
 # Round 2 (bench/PROTOCOL.md): the kinds of variable source and of detector event
 LIGHTCURVES = ("sinusoid", "sawtooth", "detached", "contact", "transit", "flares")
 TRACKS = ("straight", "left", "right", "two_prong", "three_prong", "shower")
+# Round 3: the kinds of seismic event and of galaxy
+SEISMOGRAMS = ("local", "regional", "explosion", "teleseism", "doublet", "burst")
+GALAXIES = ("elliptical", "disk", "spiral", "barred", "ring", "merger")
 
 
 def spectra(out_path: str | Path, *, samples: int = 5000, length: int = 256, noise: float = 0.25, seed: int = 0,
@@ -242,3 +259,123 @@ def tracks(out_path: str | Path, *, samples: int = 4000, size: int = 32, noise: 
         num_classes=len(TRACKS), name="tracks", target_names=TRACKS,
         description=(f"{size}x{size} detector images of {len(TRACKS)} kinds of event from a vertex, noise hits, "
                      f"Gaussian noise sigma {noise:g} (seed {seed}); bench/heldout.py"))
+
+
+def _arrival(t: np.ndarray, onset: np.ndarray, freq: np.ndarray, decay: np.ndarray, polarity: np.ndarray) -> np.ndarray:
+    """A phase arriving at ``onset`` (samples): a sinusoid of ``freq`` cycles a sample, rising over a quarter cycle and
+    decaying over ``decay`` samples, first motion up for ``polarity`` +1; peak about 1. One row per trace."""
+    since = t[None] - onset
+    rise = np.clip(since * freq * 4.0, 0.0, 1.0)
+    return np.where(since > 0, polarity * rise * np.sin(2.0 * np.pi * freq * np.maximum(since, 0.0))
+                    * np.exp(-np.maximum(since, 0.0) / decay), 0.0)
+
+
+def seismograms(out_path: str | Path, *, samples: int = 5000, length: int = 256, noise: float = 0.2, seed: int = 0,
+                fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)) -> DatasetInfo:
+    """Write the seismograms (train/val/test, balanced classes) to ``out_path``; deterministic for a given seed."""
+    if length < 256:
+        raise ValueError(f"length must be at least 256 samples, got {length}")
+    rng = np.random.default_rng(seed)
+    label = rng.permutation(np.arange(samples) % len(SEISMOGRAMS))
+    t = np.arange(length, dtype=float)
+    col = lambda low, high: rng.uniform(low, high, samples)[:, None]  # noqa: E731  (one draw per trace)
+    # every sample draws all parameters, so the stream of random numbers does not depend on the labels
+    onset, amplitude = col(15.0, 100.0), col(0.8, 1.6)
+    freq, decay = col(0.1, 0.22), col(4.0, 10.0)
+    polarity = np.where(rng.uniform(0.0, 1.0, samples) < 0.5, -1.0, 1.0)[:, None]
+    near, far = col(8.0, 30.0), col(34.0, 80.0)                 # S-P delays of a local and a regional event
+    s_ratio, weak_s = col(1.3, 3.0), col(0.15, 0.9)               # S/P amplitude of an earthquake, of an explosion
+    second, second_size = col(40.0, 110.0), col(0.4, 1.0)         # a doublet's second event: delay, relative size
+    tele_freq, coda = col(0.03, 0.07), col(30.0, 70.0)
+    p = lambda on, f=freq, d=decay, pol=polarity: _arrival(t, on, f, d, pol)  # noqa: E731
+    s_wave = lambda on, delay, ratio: ratio * _arrival(t, on + delay, 0.7 * freq, 1.5 * decay, polarity)  # noqa: E731
+    kinds = {
+        "local": p(onset) + s_wave(onset, near, s_ratio),
+        "regional": p(onset) + s_wave(onset, far, s_ratio),
+        "explosion": p(onset, pol=1.0) * 1.4 + s_wave(onset, near, weak_s),
+        "teleseism": p(onset, f=tele_freq, d=coda),
+        "doublet": (p(onset) + s_wave(onset, near, s_ratio)
+                    + second_size * (p(onset + second) + s_wave(onset + second, near, s_ratio))),
+    }
+    # an emergent burst: noise of the earthquakes' band under an envelope that rises over 25 samples, no phases
+    envelope = np.clip((t[None] - onset) / 25.0, 0.0, 1.0) * np.exp(-np.maximum(t[None] - onset - 25.0, 0.0) / 40.0)
+    white = rng.normal(0.0, 1.0, (samples, length))
+    kinds["burst"] = envelope * (white + np.roll(white, 1, axis=1) + np.roll(white, 2, axis=1))
+    x = np.zeros((samples, length))
+    for c, name in enumerate(SEISMOGRAMS):
+        rows = label == c
+        x[rows] = kinds[name][rows]
+    scale = np.abs(x).max(axis=1, keepdims=True) + 1e-9  # each event's peak at its amplitude
+    drift = np.cumsum(rng.normal(0.0, 0.012, (samples, length)), axis=1)  # microseisms: a slow wander
+    drift -= drift.mean(axis=1, keepdims=True)
+    x = amplitude * x / scale + drift + rng.normal(0.0, noise, x.shape)
+    return write_dataset(
+        out_path, consecutive_splits(x.astype(np.float32)[:, None], label, fractions), task="classification",
+        num_classes=len(SEISMOGRAMS), name="seismograms", target_names=SEISMOGRAMS,
+        description=(f"1x{length} seismograms of {len(SEISMOGRAMS)} kinds of event at a random onset, drifting "
+                     f"noise, Gaussian noise sigma {noise:g} (seed {seed}); bench/heldout.py"))
+
+
+def _light(name: str, r: np.ndarray, theta: np.ndarray, scale: float, rng: np.random.Generator) -> np.ndarray:
+    """One galaxy's light on the polar grid (``r`` in pixels, ``theta`` in radians, in its own frame: ellipticity and
+    orientation already applied), for its kind and scale length."""
+    disk = np.exp(-r / scale)
+    if name == "elliptical":
+        return np.exp(-7.67 * ((r / (1.7 * scale) + 1e-3) ** 0.25 - 1.0))  # de Vaucouleurs, half light at 1.7 scale
+    if name == "disk":
+        return disk
+    if name == "spiral":  # two logarithmic arms, pitch 15-35 degrees, a contrast of 0.4-0.9 between arm and gap
+        pitch, contrast = np.deg2rad(rng.uniform(15.0, 35.0)), rng.uniform(0.4, 0.9)
+        arms = np.cos(2.0 * (theta - np.log(r + 1.0) / np.tan(pitch)))
+        return disk * (1.0 + contrast * arms)
+    if name == "barred":  # a bar along the frame's x axis, 1.5-3 scale lengths long
+        length, width = rng.uniform(1.5, 3.0) * scale, rng.uniform(0.25, 0.45) * scale
+        bar = np.exp(-0.5 * ((r * np.cos(theta) / length) ** 2 + (r * np.sin(theta) / width) ** 2))
+        return disk + rng.uniform(0.4, 1.0) * bar
+    if name == "ring":  # a ring at 1.5-2.5 scale lengths around a bulge
+        radius = rng.uniform(1.5, 2.5) * scale
+        return 0.6 * np.exp(-r / (0.4 * scale)) + np.exp(-0.5 * ((r - radius) / (0.35 * scale)) ** 2)
+    raise ValueError(f"unknown galaxy kind {name!r}")
+
+
+def galaxies(out_path: str | Path, *, samples: int = 4000, size: int = 32, noise: float = 0.15, seed: int = 0,
+             fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)) -> DatasetInfo:
+    """Write the galaxy images (train/val/test, balanced classes) to ``out_path``; deterministic for a given seed."""
+    if size < 24:
+        raise ValueError(f"size must be at least 24 pixels, got {size}")
+    rng = np.random.default_rng(seed)
+    label = rng.permutation(np.arange(samples) % len(GALAXIES))
+    rows, cols = np.meshgrid(np.arange(size) + 0.5, np.arange(size) + 0.5, indexing="ij")
+    freq = np.hypot(*np.meshgrid(np.fft.fftfreq(size), np.fft.rfftfreq(size), indexing="ij"))
+    x = np.zeros((samples, size, size))
+    for i in range(samples):  # each galaxy draws its own shape: one at a time
+        centre = size / 2 + rng.uniform(-3.0, 3.0, 2)
+        scale, q, angle = rng.uniform(2.5, 5.0), rng.uniform(0.45, 1.0), rng.uniform(0.0, np.pi)
+
+        def frame(at: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+            dr, dc = rows - at[0], cols - at[1]
+            u = dc * np.cos(angle) + dr * np.sin(angle)
+            v = (-dc * np.sin(angle) + dr * np.cos(angle)) / q
+            return np.hypot(u, v), np.arctan2(v, u)
+
+        name = GALAXIES[label[i]]
+        if name == "merger":  # two cores 3-8 pixels apart, the second 30-100% as bright
+            offset = rng.uniform(3.0, 8.0) * _direction(rng.uniform(0.0, 2.0 * np.pi))
+            light = sum(w * np.exp(-7.67 * ((frame(centre + d)[0] / (1.2 * scale) + 1e-3) ** 0.25 - 1.0))
+                        for w, d in ((1.0, -offset / 2), (rng.uniform(0.3, 1.0), offset / 2)))
+        else:
+            light = _light(name, *frame(centre), scale, rng)
+        seeing = rng.uniform(0.7, 1.6)  # the blur's sigma, pixels
+        light = np.fft.irfft2(np.fft.rfft2(light) * np.exp(-2.0 * (np.pi * seeing * freq) ** 2), s=(size, size))
+        x[i] = rng.uniform(0.6, 1.2) * light / light.max()
+        stars = rng.poisson(2)  # faint field stars, blurred as the galaxy
+        for _ in range(stars):
+            at = rng.uniform(0.0, size, 2)
+            x[i] += rng.uniform(0.1, 0.5) * np.exp(-0.5 * ((rows - at[0]) ** 2 + (cols - at[1]) ** 2) / seeing ** 2)
+    x = x + rng.normal(0.0, noise, x.shape)
+    return write_dataset(
+        out_path, consecutive_splits(x.astype(np.float32)[:, None], label, fractions), task="classification",
+        num_classes=len(GALAXIES), name="galaxies", target_names=GALAXIES,
+        description=(f"{size}x{size} images of {len(GALAXIES)} galaxy morphologies, random size, ellipticity and "
+                     f"orientation, seeing, field stars, Gaussian noise sigma {noise:g} (seed {seed}); "
+                     "bench/heldout.py"))

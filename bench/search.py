@@ -19,11 +19,13 @@ trains a hand-written network there (bench/PROTOCOL.md says which answer what):
   `train.adaptive_shrink = true` (each child's share of its parent's weights the parent's training loss over its
   validation loss, from 0.5 up to 1), `evolution-finish` with `evolution.finish = 0.25`
   (galapagos/flows/finish.py: the budget's last quarter trains the best networks on); `evolution-ensemble` is
-  evolution that keeps its 16 best networks' weights (`run.keep_models = 16`, which changes nothing the search
-  does), stops ENSEMBLE_RESERVE_S seconds early, and makes them an ensemble as they are (`galapagos ensemble
-  --strategy kept`: greedy selection on validation, nothing trained); its row scores the ensemble and, as
-  `pick_test`, the same run's single best network (best/), so that the two final picks of one search pair
-  exactly (the table's `evolution-ensemble:pick`);
+  evolution as `galapagos evolve` runs by default since the kept-ensemble pilot: its 16 best networks' weights kept
+  (`run.keep_models`, which changes nothing the search does) and made an ensemble as they are in OUT/final at the
+  end (`run.final_ensemble`: greedy selection on validation, nothing trained), ENSEMBLE_RESERVE_S seconds of the
+  wall time held back for it; its row scores the ensemble and, as `pick_test`, the same run's single best
+  network (best/), so that the two final picks of one search pair exactly (the table's
+  `evolution-ensemble:pick`). Every other Galapagos contestant runs with `run.final_ensemble = false` and is
+  scored by its best/, as in the protocol's rounds 1 and 2;
 - `tpe`, `optuna-random`: W processes sharing one Optuna study (a journal file), TPESampler or RandomSampler
   seeded by 1000 * seed + process, MedianPruner with the config's `run.prune_after` and `run.prune_min_results`;
   `tpe-best` is TPE at its best: multivariate, constant liar, HyperbandPruner, warm-started with evolution's prior
@@ -122,10 +124,14 @@ DATASETS = {  # name -> (generator, its arguments, its configs in CONFIGS): each
     # round 2's held-out sets: the config and expert of round 1's set of the same dimensionality, by that rule
     "lightcurves": (heldout.lightcurves, {}, "spectra"),
     "tracks": (heldout.tracks, {}, "fields"),
+    # round 3's held-out sets, by the same rule
+    "seismograms": (heldout.seismograms, {}, "spectra"),
+    "galaxies": (heldout.galaxies, {}, "fields"),
 }
 # each protocol round's evidence (bench/PROTOCOL.md): spectra and fields round 1's, lightcurves and tracks round 2's
-# (spectra is a tuning set of the decision round 2 tests); the others were tuned on
-HELD_OUT = ("spectra", "fields", "lightcurves", "tracks")
+# (spectra is a tuning set of the decision round 2 tests), seismograms and galaxies round 3's; the others were
+# tuned on
+HELD_OUT = ("spectra", "fields", "lightcurves", "tracks", "seismograms", "galaxies")
 CONTESTANTS = ("evolution", "evolution-no-priors", "evolution-rungs", "evolution-surrogate", "evolution-holdout",
                "evolution-cost", "evolution-shrink", "evolution-unshrunk", "evolution-adaptive", "evolution-finish",
                "evolution-ensemble", "random", "tpe", "tpe-best", "optuna-random", "expert")
@@ -140,9 +146,9 @@ VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, a
     "evolution-unshrunk": ("evolution", ["train.inherit_shrink=1"]),  # a parent's weights as they are
     "evolution-adaptive": ("evolution", ["train.adaptive_shrink=true"]),  # the share follows the parent's fit
     "evolution-finish": ("evolution", ["evolution.finish=0.25"]),  # the last quarter trains the best networks on
-    "evolution-ensemble": ("evolution", ["run.keep_models=16"]),  # the kept 16 an ensemble at the end
+    "evolution-ensemble": ("evolution", []),  # the default: the kept networks an ensemble in final/
 }
-ENSEMBLED = {"evolution-ensemble": 16}  # contestant -> the most members its kept ensemble is chosen from
+ENSEMBLED = ("evolution-ensemble",)  # scored by final/ (the others by best/, with run.final_ensemble = false)
 ENSEMBLE_RESERVE_S = 20.0  # of the wall time, held back from the search for the kept ensemble's build (seconds)
 PICK = ":pick"  # an ensembled run's own single best network, as a contestant of the table (with_picks)
 PAIRED = (("evolution", "tpe-best"), ("evolution", "tpe"), ("evolution-rungs", "evolution"),  # tested, a minus b
@@ -240,21 +246,16 @@ def run_galapagos(strategy: str, data: Path, config: Path, out: Path, seed: int,
             "val": best and best["fitness"], "model": best and out / "best"}
 
 
-def kept_ensemble(run: dict, out: Path, data: Path, members: int) -> dict:
-    """The run's kept networks made an ensemble (`galapagos ensemble --strategy kept`, the command a user would
-    run), in place of its single pick as the run's network: its validation score, the pick's and the build's
-    seconds."""
+def final_ensemble(run: dict, out: Path) -> dict:
+    """The run's final ensemble (OUT/final) in place of its single pick as the run's network: its validation
+    score, the pick's and the build's seconds."""
     if run["model"] is None:  # nothing finished: nothing to ensemble
         return run
-    ens, start = out.with_name(out.name + "-ensemble"), time.time()
-    proc = subprocess.run([sys.executable, "-m", "galapagos.cli", "ensemble", "--from", str(out), "--data", str(data),
-                           "--out", str(ens), "--strategy", "kept", "--members", str(members)],
-                          capture_output=True, text=True)
-    if proc.returncode:
-        raise RuntimeError(f"galapagos ensemble --strategy kept --from {out} failed: {proc.stderr.strip()}")
-    val = json.loads((ens / "metrics.json").read_text())["val"]["ensemble"]
-    return {**run, "model": ens, "val": _score(val), "pick_val": run["val"], "pick_model": run["model"],
-            "ensemble_s": round(time.time() - start, 1)}
+    final = json.loads((out / "summary.json").read_text()).get("final_ensemble")
+    if not final or "error" in final:
+        raise RuntimeError(f"{out}: no final ensemble ({(final or {}).get('error', 'none made')})")
+    return {**run, "model": out / "final", "val": _score(final["val"]), "pick_val": run["val"],
+            "pick_model": run["model"], "ensemble_s": final["seconds"]}
 
 
 def with_picks(rows: list[dict]) -> list[dict]:
@@ -404,11 +405,13 @@ def run(args: argparse.Namespace, held: list[dict]) -> list[dict]:
                     config = work / "defaults.toml" if args.default_space else config_path(name)
                     if contestant in VARIANTS:
                         strategy, settings = VARIANTS[contestant]
-                        reserve = ENSEMBLE_RESERVE_S if contestant in ENSEMBLED else 0.0
+                        ensembled = contestant in ENSEMBLED
+                        reserve = ENSEMBLE_RESERVE_S if ensembled else 0.0
                         r = run_galapagos(strategy, data, config, out, seed, args.minutes - reserve / 60,
-                                          args.workers, deadline - reserve, args.set + settings)
-                        if contestant in ENSEMBLED:
-                            r = kept_ensemble(r, out, data, ENSEMBLED[contestant])
+                                          args.workers, deadline - reserve,
+                                          args.set + settings + ([] if ensembled else ["run.final_ensemble=false"]))
+                        if ensembled:
+                            r = final_ensemble(r, out)
                     elif contestant == "expert":
                         r = run_expert(data, config, expert_path(name), out, seed, args.workers, cores, deadline,
                                        args.set)

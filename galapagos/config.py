@@ -46,7 +46,10 @@ class RunConfig(Table):
     prune: bool = True  # stop candidates below the median of finished ones at the same epoch
     prune_after: int = 2  # epochs a candidate always gets
     prune_min_results: int = 6  # finished candidates needed before pruning starts
-    keep_models: int = 5  # weights of the top evaluations kept in models/
+    keep_models: int = 16  # weights of the top evaluations kept in models/ (the final ensemble's pool)
+    # at the end of each job the kept networks become an ensemble in OUT/final (galapagos ensemble --strategy kept:
+    # selected on val, nothing trained), beside best/ (bench/RESULTS.md: the kept-ensemble pilot)
+    final_ensemble: bool = True
     task: str = TRAIN_TASK  # the function a trainer child runs for each candidate
     chunk_mib: int = 64  # bytes per piece of the dataset sent between nodes
     readers: int = 1  # node leaders that read the dataset file, each a disjoint part; 0 = every node's leader

@@ -191,6 +191,11 @@ class Run(_Directory):
         by_id = {t.id: t for t in self.trials}
         return [by_id[m["id"]] for m in front["members"] if m["id"] in by_id]
 
+    @property
+    def final(self) -> Ensemble | None:
+        """The kept networks as an ensemble (final/, run.final_ensemble); None where the run has none."""
+        return Ensemble(self._dir.final) if EnsembleDir(self._dir.final).manifest.exists() else None
+
     def load(self, device: str = "cpu", *, logits: bool = False) -> torch.nn.Module:
         """The best network as a torch module (see `galapagos.load`)."""
         from galapagos.models import load_model

@@ -31,6 +31,14 @@ def under_launcher() -> bool:
     return any(v in os.environ for v in _LAUNCHER_VARS)
 
 
+def plain_env() -> dict[str, str]:
+    """This process's environment less what a launcher set for its ranks: for a plain process started from a rank
+    (no rank of the job, and no MPI of its own)."""
+    prefixes = ("PMI_", "PMIX_", "OMPI_", "MPIR_", "HYDRA_", "MPICH_")
+    return {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS + _SIZE_VARS + _RANK_VARS
+            and not k.startswith(prefixes)}
+
+
 def unwired(size: int, env: Mapping[str, str] | None = None) -> str | None:
     """Why MPI is not wired, when the launcher started several tasks but MPI sees a world of `size` 1: every
     task is a singleton (the launcher and the MPI library speak no common PMI). None when all is well. The fix it

@@ -49,6 +49,9 @@ def test_api_tour_evolves_ensembles_predicts_and_loads(tmp_path):
     assert sum(ens.weights.values()) == pytest.approx(1) and {m.name for m in ens.members} <= set(ens.weights)
     assert all(m.path.is_dir() and m.status == "ok" for m in ens.members)
     assert galapagos.load_run(ens.path) == ens and galapagos.load_run(run.path) == run and run.pareto == [run.best]
+    final = run.final  # the kept networks as an ensemble (run.final_ensemble)
+    assert isinstance(final, galapagos.Ensemble) and final.path == run.path / "final" and final.members
+    assert galapagos.load_run(final.path) == final and {m.name for m in final.members} <= set(final.weights)
     assert 0 <= out["predict"]["accuracy"] <= 1 and out["predict"]["samples"] == 180
     # the loaded ensemble, run in plain torch, predicts what `predict` scored
     assert out["torch_accuracy"] == pytest.approx(out["predict"]["accuracy"], abs=1e-6)

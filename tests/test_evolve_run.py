@@ -81,6 +81,20 @@ def test_evolution_run_end_to_end(shapes_file, tmp_path):
     report = galapagos("report", out)
     assert report.returncode == 0 and "best fitness" in report.stdout
 
+    # the kept networks made an ensemble in final/: the best distinct networks whose weights models/ holds
+    final = summary["final_ensemble"]
+    kept = {int(p.stem) for p in (out / "models").glob("*.pt")}
+    ok = {r["key"]: r["id"] for r in sorted(records, key=lambda r: r["fitness"]) if r["status"] == "ok"}
+    members = json.loads((out / "final" / "plan.json").read_text())
+    assert {m["origin"]["id"] for m in members} == {i for i in ok.values() if i in kept}
+    assert final["kept"] == len(members) and 1 <= final["members"] <= len(members)
+    assert final["val_best"]["accuracy"] == pytest.approx(best["fitness"]) and final["val"]["nll"] <= \
+        final["val_best"]["nll"]  # selection on val never makes the ensemble worse than its best member
+    assert "final ensemble:" in proc.stdout and f"kept networks in {out / 'final'}" in proc.stdout
+    ens = galapagos("predict", "--model", out / "final", "--data", shapes_file, "--split", "test", "--json",
+                    "--workers", 1)
+    assert ens.returncode == 0 and json.loads(ens.stdout)["samples"] == 90, ens.stderr
+
 
 def test_regression_3d_run_and_predict(cosmo_file, tmp_path):
     out = tmp_path / "run"
@@ -93,6 +107,13 @@ def test_regression_3d_run_and_predict(cosmo_file, tmp_path):
     scores = json.loads(pred.stdout)
     assert set(scores) >= {"mse", "mae", "r2", "per_target"}
     assert set(scores["per_target"]) == {"log10_amplitude", "spectral_slope"}
+    final = json.loads((out / "summary.json").read_text())["final_ensemble"]
+    assert final["task"] == "regression" and final["val"]["r2"] >= final["val_best"]["r2"] - 1e-9
+    off = tmp_path / "off"  # the final ensemble is an option
+    proc = galapagos("evolve", "--data", cosmo_file, "--out", off, "--evaluations", 2, "--workers", 1, *SMALL,
+                     "--set", "run.final_ensemble=false", timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert not (off / "final").exists() and "final_ensemble" not in json.loads((off / "summary.json").read_text())
 
 
 def test_faults_are_recorded_and_the_run_completes(shapes_file, tmp_path):

@@ -65,6 +65,8 @@ BENCH_PROBLEMS = [
     ("fields", Problem((1, 32, 32), "classification", 6)),
     ("lightcurves", Problem((1, 256), "classification", 6)),
     ("tracks", Problem((1, 32, 32), "classification", 6)),
+    ("seismograms", Problem((1, 256), "classification", 6)),
+    ("galaxies", Problem((1, 32, 32), "classification", 6)),
 ]
 
 

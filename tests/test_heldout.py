@@ -19,7 +19,7 @@ from galapagos.evolve.problem import Problem
 from bench import heldout
 
 CASES = [(heldout.spectra, (1, 256), 8), (heldout.fields, (1, 32, 32), 6), (heldout.lightcurves, (1, 256), 6),
-         (heldout.tracks, (1, 32, 32), 6)]
+         (heldout.tracks, (1, 32, 32), 6), (heldout.seismograms, (1, 256), 6), (heldout.galaxies, (1, 32, 32), 6)]
 
 
 def _arrays(generate, path, **kwargs) -> dict:
@@ -144,11 +144,75 @@ def test_tracks_classes_differ_by_their_topology_and_bend(tmp_path):
     assert bend["left"] > 0.25 > abs(bend["straight"]) and bend["right"] < -0.25
 
 
+def _pairs_apart(features: np.ndarray, y: np.ndarray, classes: int, floor: float) -> None:
+    """Every two classes differ beyond their noise in `features` (chi^2 above `floor`), and with shuffled labels none
+    does."""
+    shuffled = np.random.default_rng(0).permutation(y)
+    pairs = [(c, d) for c in range(classes) for d in range(c)]
+    assert min(_chi2(features, y, c, d) for c, d in pairs) > floor > max(_chi2(features, shuffled, c, d)
+                                                                          for c, d in pairs)
+
+
+def test_seismograms_classes_differ_by_their_phases(tmp_path):
+    x, y = _arrays(heldout.seismograms, tmp_path / "s.h5", samples=3000)["train"]
+    x = x[:, 0].astype(float)
+    x = x - np.stack([np.convolve(row, np.ones(15) / 15, "same") for row in x])  # without the slow wander
+    names = list(heldout.SEISMOGRAMS)
+    power, freq = np.abs(np.fft.rfft(x)) ** 2, np.fft.rfftfreq(x.shape[1])
+    centroid = (power * freq).sum(axis=1) / power.sum(axis=1)  # a teleseism's one arrival is of low frequency
+    energy = np.stack([np.convolve(row ** 2, np.ones(9) / 9, "same") for row in x])
+    energy = np.maximum(energy - 2 * np.median(energy, axis=1, keepdims=True), 0.0)  # above the noise's
+    t = np.arange(x.shape[1])[None]
+    at = (energy * t).sum(axis=1, keepdims=True) / (energy.sum(axis=1, keepdims=True) + 1e-9)
+    spread = np.sqrt((energy * (t - at) ** 2).sum(axis=1) / (energy.sum(axis=1) + 1e-9))  # S-P delay, a doublet
+    peaky = energy.max(axis=1) / (energy.sum(axis=1) + 1e-9)
+    mean = {n: (centroid[y == c].mean(), spread[y == c].mean()) for c, n in enumerate(names)}
+    assert mean["teleseism"][0] < min(m[0] for n, m in mean.items() if n != "teleseism") - 0.01
+    assert mean["doublet"][1] > mean["regional"][1] > mean["local"][1] + 3
+    _pairs_apart(np.stack([centroid, spread, peaky], axis=1), y, len(names), 25)
+
+
+def test_galaxies_classes_differ_by_the_shape_of_their_light(tmp_path):
+    x, y = _arrays(heldout.galaxies, tmp_path / "g.h5", samples=2400)["train"]
+    x = x[:, 0].astype(float)
+    n, size = x.shape[:2]
+    names = list(heldout.GALAXIES)
+
+    def smooth(v: np.ndarray, sigma: float) -> np.ndarray:
+        k = np.exp(-0.5 * (np.arange(-8, 9) / sigma) ** 2)
+        v = np.apply_along_axis(lambda r: np.convolve(r, k / k.sum(), "same"), 1, v)
+        return np.apply_along_axis(lambda r: np.convolve(r, k / k.sum(), "same"), 2, v)
+
+    sm, big = smooth(x, 1.0), smooth(x, 2.5)
+    rows, cols = np.meshgrid(np.arange(size), np.arange(size), indexing="ij")
+    w = np.clip(sm - 0.1, 0.0, None)
+    total = w.sum(axis=(1, 2)) + 1e-9
+    cr, cc = (w * rows).sum(axis=(1, 2)) / total, (w * cols).sum(axis=(1, 2)) / total
+    dr, dc = rows[None] - cr[:, None, None], cols[None] - cc[:, None, None]
+    mrr, mcc, mrc = ((w * m).sum(axis=(1, 2)) / total for m in (dr ** 2, dc ** 2, dr * dc))
+    half, root = (mrr + mcc) / 2, np.sqrt(np.maximum(((mrr - mcc) / 2) ** 2 + mrc ** 2, 0.0))
+    elongation = np.log((half + root) / (half - root + 1e-9))  # the light's axis ratio: a bar's is long
+    central = (w * (np.hypot(dr, dc) < 2)).sum(axis=(1, 2)) / total  # an elliptical's light is concentrated
+    at_centre = sm[np.arange(n), np.clip(cr.round().astype(int), 0, size - 1),
+                   np.clip(cc.round().astype(int), 0, size - 1)] / sm.reshape(n, -1).max(axis=1)  # a ring's is dark
+    inside = big > 0.15
+    rough = (((sm - big) ** 2) * inside).sum(axis=(1, 2)) / ((big ** 2) * inside).sum(axis=(1, 2)).clip(1e-9)
+    mean = {name: (elongation[y == c].mean(), central[y == c].mean(), at_centre[y == c].mean(), rough[y == c].mean())
+            for c, name in enumerate(names)}
+    assert mean["barred"][0] > max(m[0] for name, m in mean.items() if name != "barred")
+    assert mean["elliptical"][1] > max(mean[n][1] for n in ("disk", "spiral", "barred", "ring")) + 0.05
+    assert mean["ring"][2] < 0.5 < min(m[2] for name, m in mean.items() if name != "ring")
+    assert mean["spiral"][3] > mean["disk"][3]  # arms: light that a wider blur smooths away
+    _pairs_apart(np.stack([elongation, central, np.sqrt(mrr + mcc), at_centre, rough], axis=1), y, len(names), 25)
+
+
 @pytest.mark.parametrize("name, problem, config", [
     ("spectra", Problem((1, 256), "classification", 8), "spectra"),
     ("fields", Problem((1, 32, 32), "classification", 6), "fields"),
     ("lightcurves", Problem((1, 256), "classification", 6), "spectra"),  # round 2: round 1's config and expert
-    ("tracks", Problem((1, 32, 32), "classification", 6), "fields")])
+    ("tracks", Problem((1, 32, 32), "classification", 6), "fields"),
+    ("seismograms", Problem((1, 256), "classification", 6), "spectra"),  # round 3: the same rule
+    ("galaxies", Problem((1, 32, 32), "classification", 6), "fields")])
 def test_bench_search_runs_the_heldout_sets_with_their_configs_and_experts(tmp_path, name, problem, config):
     from bench.search import DATASETS, HELD_OUT, config_path, expert_path
 

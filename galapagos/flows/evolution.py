@@ -6,7 +6,11 @@ directory's lock while it runs, and takes its time budget from what the earlier 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
+import shutil
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -167,6 +171,8 @@ def conclude(run: RunDir, config: Config, source: EvolutionSource, state: Master
                         wall_seconds=wall, busy_seconds=state.busy_seconds, picked=picked)
     if pick is not None:
         summary["final_pick"] = pick[1]
+    if config.run.final_ensemble and source.best is not None and (made := final_ensemble(run, config, data)):
+        summary["final_ensemble"] = made
     # The master's own CPU use while it served: it should leave the cores to training.
     summary["master_cpu_share"] = round(master_cpu, 4)
     summary["search_seconds"] = round(searched, 2)
@@ -185,6 +191,32 @@ def conclude(run: RunDir, config: Config, source: EvolutionSource, state: Master
     if source.best is None and not stopped:
         raise NoResult(result)
     return result
+
+
+def final_ensemble(run: RunDir, config: Config, data: str) -> dict | None:
+    """The kept networks made an ensemble in OUT/final at the end of every job of the run: `galapagos ensemble
+    --strategy kept` (seconds, nothing trained) in a child process, so that rank 0 never imports torch. What
+    summary.json says of it, or why there is none (the run goes on without it); None where no network's weights
+    were kept (a task of its own that saves none)."""
+    from galapagos.launch.mpi import plain_env
+
+    shutil.rmtree(run.final, ignore_errors=True)
+    if not any(run.models.glob("*.pt")):
+        return None
+    start = time.time()
+    proc = subprocess.run([sys.executable, "-m", "galapagos.cli", "ensemble", "--from", str(run.path), "--data", data,
+                           "--out", str(run.final), "--strategy", "kept", "--members", str(config.run.keep_models)],
+                          env=plain_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if proc.returncode:
+        why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        log.warning("no final ensemble: %s", why)
+        return {"error": why}
+    metrics = json.loads((run.final / "metrics.json").read_text())
+    used = sum(w > 0 for w in metrics["weights"].values())
+    log.info("final ensemble: %d of %d kept network(s) in %s", used, len(metrics["weights"]), run.final)
+    return {"dir": str(run.final), "members": used, "kept": len(metrics["weights"]), "task": metrics["task"],
+            "val": metrics["val"]["ensemble"], "val_best": metrics["val"]["run_best"],
+            "seconds": round(time.time() - start, 1)}
 
 
 def breeder(engine: Engine, config: Config, workers: int) -> Engine | Ahead:

@@ -76,6 +76,10 @@ def format_summary(s: dict) -> str:
                      f"median {s['initial_population_median']:.4f}")
     if s.get("pareto_front"):
         lines.append(f"Pareto front: {s['pareto_front']} network(s) in front/ (see `galapagos report`)")
+    if e := s.get("final_ensemble"):
+        lines.append(f"final ensemble: not made: {e['error']}" if "error" in e else
+                     f"final ensemble: {e['members']} of {e['kept']} kept networks in {e['dir']}; on val "
+                     f"{_line(e['val'], e['task'])} (best network: {_line(e['val_best'], e['task'])})")
     if "worker_utilization" in s:
         of = f"{s['slots']} candidate slots on {s['workers']} workers" if s.get("slots") else f"{s['workers']} workers"
         lines.append(f"worker utilization: {100 * s['worker_utilization']:.1f}% of {of} over "

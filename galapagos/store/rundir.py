@@ -203,6 +203,7 @@ class RunDir(JournalDir):
         self.tensorboard = self.path / "tensorboard"  # [report] tensorboard's event files
         self.report = self.path / "report.json"  # a design's report
         self.ensemble = self.path / "ensemble"  # a design's ensemble directory
+        self.final = self.path / "final"  # the ensemble of the kept networks (run.final_ensemble)
         self._found: set[str] | None = _BEGUN  # what open() found in the directory (None: no directory yet)
         self._made: list[Path] = []  # the missing parent directories open() made, deepest first
         self._lock = None  # this job's lock (hold)
