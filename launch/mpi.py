@@ -11,6 +11,9 @@ from typing import Any
 
 from galapagos.datashare.poll import Backoff  # noqa: F401  (re-exported: launch's loops poll with it)
 
+# The prefixes of the variables an MPI library and its launcher pass to their ranks (PMI, PMIx, Open MPI, Hydra,
+# MPICH): a process started from a rank without them does not take itself for one.
+MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "MPIR_", "HYDRA_", "MPICH_")
 # Environment variables that a launcher sets in every rank it starts.
 _LAUNCHER_VARS = (
     "PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE", "MV2_COMM_WORLD_SIZE",
@@ -34,9 +37,8 @@ def under_launcher() -> bool:
 def plain_env() -> dict[str, str]:
     """This process's environment less what a launcher set for its ranks: for a plain process started from a rank
     (no rank of the job, and no MPI of its own)."""
-    prefixes = ("PMI_", "PMIX_", "OMPI_", "MPIR_", "HYDRA_", "MPICH_")
     return {k: v for k, v in os.environ.items() if k not in _LAUNCHER_VARS + _SIZE_VARS + _RANK_VARS
-            and not k.startswith(prefixes)}
+            and not k.startswith(MPI_ENV_PREFIXES)}
 
 
 def unwired(size: int, env: Mapping[str, str] | None = None) -> str | None:

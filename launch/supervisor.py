@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 from multiprocessing import Pipe
 from pathlib import Path
 
+from galapagos.launch.mpi import MPI_ENV_PREFIXES
 from galapagos.launch.placement import core_count
 from galapagos.launch.protocol import (Cancel, Outcome, Progress, Result, Status, Stop, Task, TrainerDevice,
                                        TrainerFailed, TrainerReady, TrainerSetup)
@@ -27,7 +28,6 @@ STOP_WAIT = 5.0  # seconds an idle child has to exit when told to stop, before i
 # The same for a child still in a task when the job ends: it reads the pipe only between epochs, and a scheduler
 # kills the job soon after its warning, so it is killed almost at once.
 BUSY_STOP_WAIT = 1.0
-_MPI_ENV_PREFIXES = ("PMI_", "PMIX_", "OMPI_", "MPIR_", "HYDRA_", "MPICH_")
 
 
 def uncompiled(package: str = "torch", environ: Mapping[str, str] | None = None) -> str | None:
@@ -109,7 +109,7 @@ class Supervisor:
 
     def _launch(self) -> None:
         parent, child = Pipe()  # a Unix socket pair: the shared data's descriptor goes through it (_handshake)
-        env = {k: v for k, v in os.environ.items() if not k.startswith(_MPI_ENV_PREFIXES)}
+        env = {k: v for k, v in os.environ.items() if not k.startswith(MPI_ENV_PREFIXES)}
         env.setdefault("OMP_NUM_THREADS", str(self.setup.threads))
         out = open(self.setup.log, "ab") if self.setup.log else subprocess.DEVNULL
         try:
