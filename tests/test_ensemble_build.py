@@ -179,7 +179,9 @@ def test_an_ensemble_of_the_kept_networks_trains_nothing(design, shapes_file, tm
         source = search[record["origin"]["id"]]
         assert record["status"] == "ok" and record["rank"] == 0 and record["fitness"] == source["fitness"]
         member = EnsembleDir(out).member(record["name"])
-        assert (member / "model.pt").read_bytes() == Path(RunDir(run).model_path(source["id"])).read_bytes()
+        weights = Path(RunDir(run).model_path(source["id"]))
+        assert (member / "model.pt").read_bytes() == weights.read_bytes()
+        assert (member / "model.pt").stat().st_ino == weights.stat().st_ino  # a hard link: no room taken
         # the weights the search scored: their validation accuracy is the search's fitness
         assert metrics["val"]["members"][record["name"]]["accuracy"] == pytest.approx(source["fitness"], abs=1e-6)
     assert metrics["selection"]["ensemble"] <= metrics["selection"]["single_best"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import shutil
 import socket
 import time
@@ -142,8 +143,9 @@ def write_member(job: EnsembleJob, spec: MemberSpec, fitness: float, metrics: di
 
 
 def place_kept(job: EnsembleJob, records: list[JournalRecord]) -> list[JournalRecord]:
-    """Copy each kept network of the plan not yet placed into its member directory and journal it as a member
-    that finished with the search's own fitness and metrics; every member's record."""
+    """Place each kept network of the plan not yet placed in its member directory (a hard link where the file
+    system allows, else a copy) and journal it as a member that finished with the search's own fitness and
+    metrics; every member's record."""
     done = {r.name for r in records if member_done(job.out, r)}
     records = [r for r in records if r.name in done]
     by_id = {r.id: r for r in job.source.read_journal()}
@@ -158,7 +160,11 @@ def place_kept(job: EnsembleJob, records: list[JournalRecord]) -> list[JournalRe
                               f"in {job.source.models} (the plan in {job.out.plan} needs them)")
         net = NetworkDir(job.out.member(spec.name))
         net.path.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(weights, net.model_file)
+        net.model_file.unlink(missing_ok=True)
+        try:  # a second name for the same weights: no room taken, and models/ may drop its own later
+            os.link(weights, net.model_file)
+        except OSError:  # another file system, or one without hard links
+            shutil.copyfile(weights, net.model_file)
         params = count_params(Genome.from_json(spec.genome), job.problem, builder)
         write_member(job, spec, found.fitness, dict(found.metrics), params)
         now = time.time()
