@@ -4,8 +4,8 @@ workers, then selection, manifest, metrics.
 Members train through the same runtime as the evolution run (supervised trainer children, time limits, crash
 handling); a member that fails is recorded in DIR/results.jsonl with its status and left out, and the ensemble is
 built from the rest. `--resume` reads the saved plan and the journal and trains only the members not yet finished.
-With `--strategy kept` nothing trains: the run's kept weights are copied in as the members, in this process (no
-ranks are started; under a launcher the workers are stopped at once).
+With `--strategy kept` nothing trains: the run's kept weights become the members (hard links, or copies), in this
+process (no ranks are started; under a launcher the workers are stopped at once).
 """
 from __future__ import annotations
 
