@@ -367,16 +367,15 @@ def build(session: MasterSession | None, job: EnsembleJob) -> dict:
 
 
 def master(comm: Any, opts: EnsembleOptions) -> dict:
-    if comm is None:  # started without MPI, with nothing to train (mpijob.run: Flow.alone)
-        return build(None, check(opts))
     with MasterSession(comm) as session:
         with session.starting():
             job = check(opts)
         return build(session, job)
 
 
-def alone(job: EnsembleJob) -> bool:
-    return is_kept(job.config)
+def alone(job: EnsembleJob) -> dict | None:
+    """The kept strategy started without MPI: the checked job built in this process (mpijob.run)."""
+    return build(None, job) if is_kept(job.config) else None
 
 
 FLOW = Flow("ensemble", check, master, alone=alone)

@@ -61,9 +61,9 @@ class Flow:
     salvage: Callable[[Any, int], dict | None] | None = None
     # a collective flow, started as one process: options -> (the options to run with, the ranks it needs)
     plan: Callable[[Any], tuple[Any, int]] | None = None
-    # the checked job needs no worker (an ensemble of kept networks): started without MPI, `master(None, options)`
-    # runs in this process and no ranks start
-    alone: Callable[[Any], bool] | None = None
+    # started without MPI: the checked job run in this process when it needs no worker (an ensemble of kept
+    # networks), so that no ranks start; None when it needs them
+    alone: Callable[[Any], dict | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -119,8 +119,8 @@ def run(ref: FlowRef, opts: Any) -> dict | None:
             opts, ranks = flow.plan(opts)
             return start_ranks(flow.name, opts, ranks - 1) if ranks > 1 else flow.master(None, opts)
         job = flow.check(opts)
-        if flow.alone is not None and flow.alone(job):
-            return flow.master(None, opts)
+        if flow.alone is not None and (result := flow.alone(job)) is not None:
+            return result
         from galapagos.flows.recovery import restart_locally
 
         return restart_locally(flow.name, opts, default_workers() if opts.workers is None else opts.workers,
