@@ -277,3 +277,24 @@ def test_selection_weights_reproduce_the_saved_metrics(design, shapes_file):
     probs = np.tensordot(np.array([m.weight for m in manifest.used]), np.stack(preds), axes=1)
     saved = json.loads((ens / "metrics.json").read_text())["test"]["ensemble"]
     assert classification_metrics(probs, y)["nll"] == pytest.approx(saved["nll"], rel=1e-6)
+
+
+def test_selection_rules_reweight_a_built_ensemble(design, shapes_file, tmp_path):
+    """bench/selection_rules.py: its greedy rule reproduces the built ensemble's test score, uniform weights every
+    member, bagged only members it picked; and the paired report names each rule against greedy."""
+    from bench.selection_rules import compare_rules, report
+
+    run, _ = design
+    out = tmp_path / "kept"
+    argv = ["ensemble", "--from", run, "--data", shapes_file, "--out", out, "--strategy", "kept", "--members", 3]
+    assert cli.main([str(a) for a in argv]) == 0
+    metrics = json.loads((out / "metrics.json").read_text())
+    row = compare_rules(out)
+    assert row["greedy"] == round(metrics["test"]["ensemble"]["accuracy"], 4)
+    assert row["greedy_used"] == sum(w > 0 for w in metrics["weights"].values())
+    assert row["members"] == row["uniform_used"] == 3 and 1 <= row["bagged_used"] <= 3
+    lines = report([{**row, "greedy": 0.9, "uniform": 0.91, "bagged": 0.9},
+                    {**row, "greedy": 0.8, "uniform": 0.8, "bagged": 0.79}]).splitlines()
+    assert len(lines) == 6
+    assert lines[-2].startswith("uniform - greedy: mean +0.0050") and "1 ahead, 0 behind" in lines[-2]
+    assert lines[-1].startswith("bagged - greedy: mean -0.0050") and "p = 1.0000" in lines[-1]

@@ -1,0 +1,117 @@
+"""Rules that weight a final ensemble's members, compared offline on saved ensembles (bench/PROTOCOL.md, round 3's
+secondary question).
+
+    python -m bench.selection_rules KEEP/*-evolution-ensemble-*/final [--results FILE]
+
+Each directory is an ensemble built by `galapagos ensemble` (a run's final/ is one). Every member predicts val and
+test once; each rule weights the members from their val predictions only; the ensemble is scored on test
+(accuracy, or mean R^2: bench/search.py's score). Rules:
+
+- `greedy`: the built ensemble's own rule, greedy forward selection with replacement on val (ensemble/selection.py)
+  with the ensemble's config;
+- `uniform`: every member at the same weight, no selection;
+- `bagged`: the greedy rule in BAGS bags of half the members each, the bags' weights summed (Caruana et al.,
+  "Getting the most out of ensemble selection", ICDM 2006).
+
+Each rule is paired with `greedy` over the directories: the mean difference, its 95% bootstrap interval and the
+one-sided exact Wilcoxon p-value (bench/paired.py). Dense tasks (segmentation, fields) are not handled.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from bench.paired import bootstrap_ci, wilcoxon_greater
+from galapagos.config import load_config
+from galapagos.datashare.format import load
+from galapagos.ensemble.selection import combine, select
+from galapagos.flows.prediction import score
+from galapagos.models import load_network, predict_outputs
+from galapagos.store.ensembledir import load_manifest
+
+BAGS = 20
+
+
+def greedy(val: np.ndarray, y: np.ndarray, task: str, cfg) -> np.ndarray:
+    return select(val, y, task, max_rounds=cfg.max_rounds, init=cfg.init).weights
+
+
+def uniform(val: np.ndarray, y: np.ndarray, task: str, cfg) -> np.ndarray:
+    return np.full(len(val), 1.0 / len(val))
+
+
+def bagged(val: np.ndarray, y: np.ndarray, task: str, cfg, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    w = np.zeros(len(val))
+    for _ in range(BAGS):
+        bag = rng.choice(len(val), max(1, len(val) // 2), replace=False)
+        w[bag] += greedy(val[bag], y, task, cfg)
+    return w / w.sum()
+
+
+RULES = {"greedy": greedy, "uniform": uniform, "bagged": bagged}
+
+
+def headline(metrics: dict) -> float:
+    return metrics["accuracy"] if "accuracy" in metrics else metrics["r2"]
+
+
+def compare_rules(path: Path) -> dict:
+    """The test score of each rule's weighting of the ensemble in `path`, and the members it used."""
+    manifest = load_manifest(path)
+    problem = manifest.problem
+    if problem.is_dense:
+        raise SystemExit(f"{path}: a {problem.task} ensemble; only classification and regression are compared")
+    config = load_config(path / "config.toml")
+    info, splits = load(manifest.sources["data"], ("val", "test"), val_fraction=config.run.val_fraction,
+                        seed=config.run.seed)
+    names = [m.name for m in manifest.members if m.status == "ok"]
+    preds = {split: [] for split in splits}
+    for name in names:
+        model, _, _ = load_network(path / "members" / name)
+        for split, (x, _) in splits.items():
+            preds[split].append(predict_outputs(model, x, problem))
+    val = np.asarray(preds["val"], dtype=np.float64)
+    row = {"ensemble": str(path), "members": len(names)}
+    for rule, weigh in RULES.items():
+        w = weigh(val, splits["val"][1], problem.task, config.ensemble)
+        row[rule] = round(headline(score(problem.task, combine(preds["test"], w), splits["test"][1], info)), 4)
+        row[f"{rule}_used"] = int((w > 0).sum())
+    return row
+
+
+def report(rows: list[dict]) -> str:
+    lines = ["| ensemble | members | " + " | ".join(RULES) + " |", "|---|---|" + "---|" * len(RULES)]
+    lines += [f"| {r['ensemble']} | {r['members']} | " + " | ".join(f"{r[k]:.4f} ({r[k + '_used']})" for k in RULES)
+              + " |" for r in rows]
+    for rule in list(RULES)[1:]:
+        d = [r[rule] - r["greedy"] for r in rows]
+        lo, hi = bootstrap_ci(d)
+        lines.append(f"{rule} - greedy: mean {statistics.mean(d):+.4f} (95% {lo:+.4f}..{hi:+.4f}), "
+                     f"{sum(x > 0 for x in d)} ahead, {sum(x < 0 for x in d)} behind, "
+                     f"one-sided Wilcoxon p = {wilcoxon_greater(d):.4f}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("ensembles", nargs="+", type=Path, help="ensemble directories (a run's final/)")
+    p.add_argument("--results", type=Path, help="append each directory's row to this JSONL file")
+    args = p.parse_args(argv)
+    rows = []
+    for path in args.ensembles:
+        rows.append(compare_rules(path))
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        if args.results:
+            with args.results.open("a") as f:
+                f.write(json.dumps(rows[-1]) + "\n")
+    print(report(rows))
+
+
+if __name__ == "__main__":
+    main()
