@@ -254,7 +254,7 @@ def final_ensemble(run: dict, out: Path) -> dict:
     final = json.loads((out / "summary.json").read_text()).get("final_ensemble")
     if not final or "error" in final:
         raise RuntimeError(f"{out}: no final ensemble ({(final or {}).get('error', 'none made')})")
-    return {**run, "model": out / "final", "val": _score(final["val"]), "pick_val": run["val"],
+    return {**run, "model": out / "final", "val": headline(final["val"]), "pick_val": run["val"],
             "pick_model": run["model"], "ensemble_s": final["seconds"]}
 
 
@@ -265,7 +265,8 @@ def with_picks(rows: list[dict]) -> list[dict]:
                     "test": r["pick_test"], "val": r["pick_val"]} for r in rows if "pick_test" in r]
 
 
-def _score(scores: dict) -> float:
+def headline(scores: dict) -> float:
+    """The one score a row reports: accuracy, or mean R^2."""
     return scores["accuracy"] if "accuracy" in scores else scores["r2"]
 
 
@@ -275,7 +276,7 @@ def test_score(model: Path, data: Path) -> float:
                            str(data), "--split", "test", "--json"], capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"galapagos predict --model {model} failed: {proc.stderr.strip()}")
-    return _score(json.loads(proc.stdout.strip().splitlines()[-1]))
+    return headline(json.loads(proc.stdout.strip().splitlines()[-1]))
 
 
 def code_version() -> str | None:

@@ -27,12 +27,12 @@ from pathlib import Path
 import numpy as np
 
 from bench.paired import bootstrap_ci, wilcoxon_greater
+from bench.search import headline
 from galapagos.config import load_config
-from galapagos.datashare.format import load
 from galapagos.ensemble.selection import combine, select
+from galapagos.flows.ensembling import member_predictions
 from galapagos.flows.prediction import score
-from galapagos.models import load_network, predict_outputs
-from galapagos.store.ensembledir import load_manifest
+from galapagos.store.ensembledir import EnsembleDir, load_manifest
 
 BAGS = 20
 
@@ -57,10 +57,6 @@ def bagged(val: np.ndarray, y: np.ndarray, task: str, cfg, seed: int = 0) -> np.
 RULES = {"greedy": greedy, "uniform": uniform, "bagged": bagged}
 
 
-def headline(metrics: dict) -> float:
-    return metrics["accuracy"] if "accuracy" in metrics else metrics["r2"]
-
-
 def compare_rules(path: Path) -> dict:
     """The test score of each rule's weighting of the ensemble in `path`, and the members it used."""
     manifest = load_manifest(path)
@@ -68,14 +64,8 @@ def compare_rules(path: Path) -> dict:
     if problem.is_dense:
         raise SystemExit(f"{path}: a {problem.task} ensemble; only classification and regression are compared")
     config = load_config(path / "config.toml")
-    info, splits = load(manifest.sources["data"], ("val", "test"), val_fraction=config.run.val_fraction,
-                        seed=config.run.seed)
     names = [m.name for m in manifest.members if m.status == "ok"]
-    preds = {split: [] for split in splits}
-    for name in names:
-        model, _, _ = load_network(path / "members" / name)
-        for split, (x, _) in splits.items():
-            preds[split].append(predict_outputs(model, x, problem))
+    info, splits, preds = member_predictions(EnsembleDir(path), names, problem, manifest.sources["data"], config)
     val = np.asarray(preds["val"], dtype=np.float64)
     row = {"ensemble": str(path), "members": len(names)}
     for rule, weigh in RULES.items():

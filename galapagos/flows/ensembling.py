@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from galapagos.config import Config, ensemble_overrides, load_config
-from galapagos.datashare.format import DataError, inspect, load
+from galapagos.datashare.format import DataError, DatasetInfo, inspect, load
 from galapagos.datashare.plan import dataset_plan
 from galapagos.ensemble.members import MemberSpec, choose_members
 from galapagos.ensemble.selection import Selection, combine, pixel_samples, select
@@ -286,6 +286,21 @@ def latest(records: list[JournalRecord]) -> dict[str, JournalRecord]:
     return {r.name: r for r in records}
 
 
+def member_predictions(out: EnsembleDir, names: list[str], problem: Problem, data: str | Path, config: Config,
+                       device: str = "cpu") -> tuple[DatasetInfo, dict, dict[str, list[np.ndarray]]]:
+    """The val and test splits of `data` as the run carved them (`config`'s run section), and each named member's
+    predictions on both, in order."""
+    from galapagos.models import load_network, predict_outputs
+
+    info, splits = load(data, ("val", "test"), val_fraction=config.run.val_fraction, seed=config.run.seed)
+    preds: dict[str, list[np.ndarray]] = {split: [] for split in splits}
+    for name in names:
+        model, _, _ = load_network(out.member(name), device)
+        for split, (x, _) in splits.items():
+            preds[split].append(predict_outputs(model, x, problem, device=device))
+    return info, splits, preds
+
+
 def finish(job: EnsembleJob, records: list[JournalRecord], device: str = "cpu") -> dict:
     """Selection on val, the manifest, and metrics of the ensemble and of each member on val and test."""
     from galapagos.flows.prediction import score
@@ -299,13 +314,8 @@ def finish(job: EnsembleJob, records: list[JournalRecord], device: str = "cpu") 
         counts = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
         raise EnsembleError(f"no ensemble member trained successfully ({counts}); see {job.out.journal} and "
                             f"{job.out.logs}")
-    run = job.config.run
-    info, splits = load(job.data, ("val", "test"), val_fraction=run.val_fraction, seed=run.seed)
-    preds: dict[str, list[np.ndarray]] = {split: [] for split in splits}
-    for spec in ok:
-        model, _, _ = load_network(job.out.member(spec.name), device)
-        for split, (x, _) in splits.items():
-            preds[split].append(predict_outputs(model, x, job.problem, device=device))
+    info, splits, preds = member_predictions(job.out, [s.name for s in ok], job.problem, job.data, job.config,
+                                             device)
     cfg = job.config.ensemble
     val, y_val, task = preds["val"], splits["val"][1], job.problem.task
     if job.problem.is_dense:  # per-pixel probabilities or fields: every labelled pixel is a sample of the selection
