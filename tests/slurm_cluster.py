@@ -36,7 +36,10 @@ from tests.cluster import Cluster, Node
 COMMANDS = ("munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "srun", "sbcast", "scontrol", "sinfo",
             "squeue", "scancel", "nsenter")
 CTLD_PORT, SLURMD_PORT = 6917, 6918  # not 6817/6818, those of .ci/slurm-up's cluster
-ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED")
+# The states a job ends in (squeue(1), JOB STATE CODES, https://slurm.schedmd.com/squeue.html): every other state,
+# SIGNALING, STAGE_OUT, REQUEUED and RESIZING included, is one the job passes through
+ENDED = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
+         "TIMEOUT")
 
 
 def slurm_problem() -> str | None:
@@ -91,7 +94,7 @@ class SlurmCluster:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             info = self.job(job_id)
-            if info.get("JobState") and info["JobState"] not in ACTIVE:
+            if info.get("JobState") in ENDED:
                 return info
             time.sleep(1)
         self.client("scancel", job_id)

@@ -32,6 +32,7 @@ import pytest
 
 from galapagos.examples import shapes
 from tests.mpirun import REPO
+from tests.slurm_cluster import ENDED
 from tests.test_jobscript import ranks_text
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
@@ -112,7 +113,7 @@ def wait_for(job_id: str, timeout: float) -> dict:
     deadline = time.time() + timeout
     while time.time() < deadline:
         info = job_info(job_id)
-        if info.get("JobState") not in (None, "PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "SUSPENDED"):
+        if info.get("JobState") in ENDED:
             return info
         time.sleep(2)
     subprocess.run(["scancel", job_id], check=False, timeout=30)
