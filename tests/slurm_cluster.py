@@ -27,7 +27,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +40,21 @@ CTLD_PORT, SLURMD_PORT = 6917, 6918  # not 6817/6818, those of .ci/slurm-up's cl
 # SIGNALING, STAGE_OUT, REQUEUED and RESIZING included, is one the job passes through
 ENDED = ("BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_FAIL", "OUT_OF_MEMORY", "PREEMPTED",
          "TIMEOUT")
+
+
+def job_fields(scontrol_output: str) -> dict[str, str]:
+    """The fields of `scontrol show job --oneliner`."""
+    return dict(re.findall(r"(\w+)=(\S*)", scontrol_output))
+
+
+def until_ended(lookup: Callable[[], dict[str, str]], timeout: float, poll: float) -> dict[str, str] | None:
+    """A job's fields (as `lookup` reads them) once it is in a state it ends in; None when `timeout` s pass first."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if (info := lookup()).get("JobState") in ENDED:
+            return info
+        time.sleep(poll)
+    return None
 
 
 def slurm_problem() -> str | None:
@@ -86,17 +101,12 @@ class SlurmCluster:
         return dict(line.split()[:2] for line in proc.stdout.splitlines() if len(line.split()) >= 2)
 
     def job(self, job_id: str) -> dict[str, str]:
-        proc = self.client("scontrol", "show", "job", "--oneliner", job_id, timeout=30)
-        return dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
+        return job_fields(self.client("scontrol", "show", "job", "--oneliner", job_id, timeout=30).stdout)
 
     def wait(self, job_id: str, timeout: float) -> dict[str, str]:
         """The job's fields once it has ended; it is cancelled and TimeoutError raised when it runs past timeout."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            info = self.job(job_id)
-            if info.get("JobState") in ENDED:
-                return info
-            time.sleep(1)
+        if info := until_ended(lambda: self.job(job_id), timeout, poll=1):
+            return info
         self.client("scancel", job_id)
         raise TimeoutError(f"Slurm job {job_id} did not end within {timeout:.0f} s: {self.job(job_id)}\n"
                            f"{self.logs()}")

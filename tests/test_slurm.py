@@ -32,7 +32,7 @@ import pytest
 
 from galapagos.examples import shapes
 from tests.mpirun import REPO
-from tests.slurm_cluster import ENDED
+from tests.slurm_cluster import job_fields, until_ended
 from tests.test_jobscript import ranks_text
 
 pytestmark = [pytest.mark.slurm, pytest.mark.mpi]
@@ -106,16 +106,12 @@ def slurm_launch(*args, launcher=MPIEXEC) -> tuple[Path, str]:
 def job_info(job_id: str) -> dict:
     proc = subprocess.run(["scontrol", "show", "job", "--oneliner", job_id], capture_output=True, text=True,
                           check=False, timeout=30)
-    return dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
+    return job_fields(proc.stdout)
 
 
 def wait_for(job_id: str, timeout: float) -> dict:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        info = job_info(job_id)
-        if info.get("JobState") in ENDED:
-            return info
-        time.sleep(2)
+    if info := until_ended(lambda: job_info(job_id), timeout, poll=2):
+        return info
     subprocess.run(["scancel", job_id], check=False, timeout=30)
     pytest.fail(f"Slurm job {job_id} did not end within {timeout:.0f} s: {job_info(job_id)}")
 
