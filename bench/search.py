@@ -151,7 +151,8 @@ VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, a
 ENSEMBLED = ("evolution-ensemble",)  # scored by final/ (the others by best/, with run.final_ensemble = false)
 ENSEMBLE_RESERVE_S = 20.0  # of the wall time, held back from the search for the kept ensemble's build (seconds)
 PICK = ":pick"  # an ensembled run's own single best network, as a contestant of the table (with_picks)
-PAIRED = (("evolution", "tpe-best"), ("evolution", "tpe"), ("evolution-rungs", "evolution"),  # tested, a minus b
+PAIRED = (("evolution", "tpe-best"), ("evolution-ensemble", "tpe-best"), ("evolution", "tpe"),  # tested, a minus b
+          ("evolution-rungs", "evolution"),
           ("evolution-surrogate", "evolution"), ("evolution-holdout", "evolution"), ("evolution-cost", "evolution"),
           ("evolution-shrink", "evolution"), ("evolution-adaptive", "evolution"), ("evolution-finish", "evolution"),
           ("evolution-ensemble", "evolution-ensemble" + PICK))
@@ -370,8 +371,9 @@ def main(argv: list[str] | None = None) -> None:
     picks = [c + PICK for c in args.contestants if c in ENSEMBLED]
     print(table(with_picks(rows), args.datasets, args.contestants + picks, HELD_OUT, PAIRED, pairs))
     if args.readme:
-        write_readme(args.readme, summary(rows, args.datasets, args.contestants, args.seeds, minutes=args.minutes,
-                                          workers=args.workers, held_out=HELD_OUT, pairs=pairs), argv)
+        write_readme(args.readme, summary(with_picks(rows), args.datasets, args.contestants + picks, args.seeds,
+                                          minutes=args.minutes, workers=args.workers, held_out=HELD_OUT,
+                                          pairs=pairs), argv)
 
 
 def _run_of(row: dict) -> tuple:

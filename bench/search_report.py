@@ -27,7 +27,7 @@ def _scores(rows: list[dict], dataset: str, contestant: str) -> tuple[list[dict]
 
 def table(rows: list[dict], datasets: list[str], contestants: list[str], held_out: tuple[str, ...],
           paired: tuple[tuple[str, str], ...], pairs: list[dict] | None = None) -> str:
-    """One line per dataset and contestant, which of the others evolution's mean leads, and the paired tests of
+    """One line per dataset and contestant, which of the others the first contestant's mean leads, and the paired tests of
     `paired` over the held-out sets and over the others apart (with `pairs`, of one machine: _compare)."""
     lines = ["| dataset | contestant | test score | validation score | evaluations | runs |",
              "|---|---|---|---|---|---|"]
@@ -37,14 +37,13 @@ def table(rows: list[dict], datasets: list[str], contestants: list[str], held_ou
             evals = statistics.mean(r["evaluations"] for r in runs) if runs else 0
             lines.append(f"| {d} | {c} | {_mean_std([r['test'] for r in scored])} | "
                          f"{_mean_std([r['val'] for r in scored])} | {evals:.0f} | {len(scored)}/{len(runs)} |")
-    verdicts = []
+    verdicts, first = [], contestants[0]
     for d in datasets:
         means = {c: statistics.mean(r["test"] for r in scored) for c in contestants
                  if (scored := _scores(rows, d, c)[1])}
-        if "evolution" in means and len(means) > 1:
-            ahead = ", ".join(f"{c} {'yes' if means['evolution'] > m else 'no'}" for c, m in means.items()
-                              if c != "evolution")
-            verdicts.append(f"{d}: is evolution's mean test score ahead? {ahead}")
+        if first in means and len(means) > 1:
+            ahead = ", ".join(f"{c} {'yes' if means[first] > m else 'no'}" for c, m in means.items() if c != first)
+            verdicts.append(f"{d}: is {first}'s mean test score ahead? {ahead}")
     tests = [_compare(rows, pairs, a, b, sets) for a, b in paired for sets in _groups(datasets, held_out)
              if {a, b} <= set(contestants)]
     return "\n".join(lines + [""] + verdicts + [""] + tests)
@@ -71,18 +70,21 @@ def _tally(rows: list[dict], key: str) -> str:
 def summary(rows: list[dict], datasets: list[str], contestants: list[str], seeds: list[int], *, minutes: float,
             workers: int, held_out: tuple[str, ...], pairs: list[dict] | None = None) -> str:
     """The README's comparison: per set of datasets (held out, then tuned on) a table of every contestant's mean
-    and sd of test score and its mean evaluations, then evolution against each other contestant, paired by
-    (dataset, seed), with `pairs` on one machine (_compare): the one-sided Wilcoxon p and the per-dataset
-    bootstrap intervals; the machine and commits."""
+    and sd of test score and its mean evaluations, then the first contestant (the round's evolution) against each
+    other, paired by (dataset, seed), with `pairs` on one machine (_compare): the one-sided Wilcoxon p and the
+    per-dataset bootstrap intervals; the machine and commits."""
+    first = contestants[0]
     out = [f"{minutes:g} minutes a run from launch, {workers} training processes on {workers} cores, seeds "
            f"{', '.join(map(str, seeds))}, one run after another. Each cell: the test score (accuracy, or mean "
            "R² for a regression) of the network the contestant picked by validation, mean ± sd over the runs "
            "that finished, and the mean evaluations a run; a cell with fewer runs than seeds says how many. The "
-           "primary test (bench/PROTOCOL.md) is evolution against tpe-best over the held-out sets: evolution is "
+           f"primary test (bench/PROTOCOL.md) is {first} against tpe-best over the held-out sets: {first} is "
            "better if p < 0.05; every other line is descriptive." + (
-               " Each pair is two runs on one machine: where evolution's run of a (dataset, seed) is from another "
-               "machine than the other contestant's, its pair is evolution run again on that machine (rows in no "
-               "cell, made for the pairing alone)." if pairs is not None else ""), ""]
+               f" Each pair is two runs on one machine: where {first}'s run of a (dataset, seed) is from another "
+               f"machine than the other contestant's, its pair is {first} run again on that machine (rows in no "
+               "cell, made for the pairing alone)." if pairs is not None else "") + "".join(
+               f" {c[:-len(':pick')]} is scored by its final ensemble (OUT/final), {c} by the same run's single "
+               "pick (OUT/best)." for c in contestants if c.endswith(":pick")), ""]
     for group in _groups(datasets, held_out):
         title = ("Held out (the evidence: no default or setting was chosen on them)" if group[0] in held_out
                  else "Tuning sets (defaults were chosen on them: no evidence for those choices)")
@@ -100,12 +102,12 @@ def summary(rows: list[dict], datasets: list[str], contestants: list[str], seeds
                 cells.append(cell + (f" ({len(scored)} of {len(seeds)} runs)" if len(scored) < len(seeds) else ""))
             out.append(f"| {d} | " + " | ".join(cells) + " |")
         out.append("")
-        for other in contestants:
-            if other != "evolution" and "evolution" in contestants:
-                first, *rest = _compare(rows, pairs, "evolution", other, group).splitlines()
-                out += [f"- {first}"] + [f"  - {line.strip()}" for line in rest]
+        for other in contestants[1:]:
+            head, *rest = _compare(rows, pairs, first, other, group).splitlines()
+            out += [f"- {head}"] + [f"  - {line.strip()}" for line in rest]
         out.append("")
-    made = [r for r in rows if r["dataset"] in datasets and r["contestant"] in contestants]
+    made = [r for r in rows if r["dataset"] in datasets and r["contestant"] in contestants
+            and not r["contestant"].endswith(":pick")]  # a pick is a run's second score, not a run
     out += [f"Machine: {_tally(made, 'machine')}. Code: {_tally(made, 'commit')}." if made else "No run yet."]
     if pairs:
         out[-1] += f" Runs made for the pairing alone: {_tally(pairs, 'machine')}; code: {_tally(pairs, 'commit')}."

@@ -99,6 +99,26 @@ def test_the_comparison_shows_every_contestant_and_what_is_missing_between_the_m
     assert readme_command(readme) == ["--minutes", "20", "--readme", "my readme.md"]
 
 
+def test_the_comparison_tests_the_first_contestant_and_counts_a_runs_pick_as_no_run():
+    """Round 3's primary contestant is evolution-ensemble: the comparison pairs it with every other column, its
+    own single pick (bench.search.with_picks) among them, and a pick row is no run of the tally."""
+    from bench.search import with_picks
+    from bench.search_report import summary
+
+    rows = [{"dataset": "galaxies", "contestant": c, "seed": s, "test": t, "val": t, "evaluations": 100,
+             "commit": "abc1234", "machine": "Xeon", **extra}
+            for s in range(3) for c, t, extra in (("evolution-ensemble", 0.85 + s / 100,
+                                                   {"pick_test": 0.82, "pick_val": 0.83}), ("tpe-best", 0.8, {}))]
+    text = summary(with_picks(rows), ["galaxies"], ["evolution-ensemble", "tpe-best", "evolution-ensemble:pick"],
+                   [0, 1, 2], minutes=20, workers=2, held_out=("galaxies",))
+    assert "The primary test (bench/PROTOCOL.md) is evolution-ensemble against tpe-best" in text
+    assert "evolution-ensemble against tpe-best over galaxies: 3 paired runs, mean difference +0.0600" in text
+    assert "evolution-ensemble against evolution-ensemble:pick over galaxies: 3 paired runs" in text
+    assert "evolution-ensemble is scored by its final ensemble (OUT/final)" in text
+    assert "| galaxies | 0.8600 ± 0.0100 · 100 | 0.8000 ± 0.0000 · 100 | 0.8200 ± 0.0000 · 100 |" in text
+    assert "Machine: Xeon (6 runs)." in text
+
+
 def test_the_readmes_comparison_is_the_one_its_command_makes_from_the_results_file(tmp_path, monkeypatch, capsys):
     """README.md's table is not written by hand: the command in its marker, run again, makes the same table."""
     from bench.search import main
