@@ -24,7 +24,8 @@ trains a hand-written network there (bench/PROTOCOL.md says which answer what):
   end (`run.final_ensemble`: greedy selection on validation, nothing trained), ENSEMBLE_RESERVE_S seconds of the
   wall time held back for it; its row scores the ensemble and, as `pick_test`, the same run's single best
   network (best/), so that the two final picks of one search pair exactly (the table's
-  `evolution-ensemble:pick`). Every other Galapagos contestant runs with `run.final_ensemble = false` and is
+  `evolution-ensemble:pick`); `evolution-bagged` is the same with `ensemble.bags = 20` (that ensemble by bagged
+  selection, ensemble/selection.py). Every other Galapagos contestant runs with `run.final_ensemble = false` and is
   scored by its best/, as in the protocol's rounds 1 and 2;
 - `tpe`, `optuna-random`: W processes sharing one Optuna study (a journal file), TPESampler or RandomSampler
   seeded by 1000 * seed + process, MedianPruner with the config's `run.prune_after` and `run.prune_min_results`;
@@ -134,7 +135,7 @@ DATASETS = {  # name -> (generator, its arguments, its configs in CONFIGS): each
 HELD_OUT = ("spectra", "fields", "lightcurves", "tracks", "seismograms", "galaxies")
 CONTESTANTS = ("evolution", "evolution-no-priors", "evolution-rungs", "evolution-surrogate", "evolution-holdout",
                "evolution-cost", "evolution-shrink", "evolution-unshrunk", "evolution-adaptive", "evolution-finish",
-               "evolution-ensemble", "random", "tpe", "tpe-best", "optuna-random", "expert")
+               "evolution-ensemble", "evolution-bagged", "random", "tpe", "tpe-best", "optuna-random", "expert")
 VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, and the settings they add
     "evolution": ("evolution", []), "random": ("random", []),
     "evolution-no-priors": ("evolution", ["evolution.priors=false"]),  # the algorithm's share without the priors'
@@ -147,15 +148,17 @@ VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, a
     "evolution-adaptive": ("evolution", ["train.adaptive_shrink=true"]),  # the share follows the parent's fit
     "evolution-finish": ("evolution", ["evolution.finish=0.25"]),  # the last quarter trains the best networks on
     "evolution-ensemble": ("evolution", []),  # the default: the kept networks an ensemble in final/
+    "evolution-bagged": ("evolution", ["ensemble.bags=20"]),  # that ensemble by bagged selection
 }
-ENSEMBLED = ("evolution-ensemble",)  # scored by final/ (the others by best/, with run.final_ensemble = false)
+ENSEMBLED = ("evolution-ensemble", "evolution-bagged")  # scored by final/ (the others by best/, with
+# run.final_ensemble = false)
 ENSEMBLE_RESERVE_S = 20.0  # of the wall time, held back from the search for the kept ensemble's build (seconds)
 PICK = ":pick"  # an ensembled run's own single best network, as a contestant of the table (with_picks)
 PAIRED = (("evolution", "tpe-best"), ("evolution-ensemble", "tpe-best"), ("evolution", "tpe"),  # tested, a minus b
           ("evolution-rungs", "evolution"),
           ("evolution-surrogate", "evolution"), ("evolution-holdout", "evolution"), ("evolution-cost", "evolution"),
           ("evolution-shrink", "evolution"), ("evolution-adaptive", "evolution"), ("evolution-finish", "evolution"),
-          ("evolution-ensemble", "evolution-ensemble" + PICK))
+          ("evolution-ensemble", "evolution-ensemble" + PICK), ("evolution-bagged", "evolution-ensemble"))
 EXPERT_TIME_USED = 0.85  # of the time left that the expert's longer training is planned to take (a margin for noise)
 CONFIGS = Path(__file__).parent / "search_configs"
 

@@ -10,8 +10,8 @@ test once; each rule weights the members from their val predictions only; the en
 - `greedy`: the built ensemble's own rule, greedy forward selection with replacement on val (ensemble/selection.py)
   with the ensemble's config;
 - `uniform`: every member at the same weight, no selection;
-- `bagged`: the greedy rule in BAGS bags of half the members each, the bags' weights summed (Caruana et al.,
-  "Getting the most out of ensemble selection", ICDM 2006).
+- `bagged`: the greedy rule in BAGS bags of half the members each, the bags' weights averaged (Caruana et al.,
+  "Getting the most out of ensemble selection", ICDM 2006): `ensemble.bags = BAGS` (seed 0).
 
 Each rule is paired with `greedy` over the directories: the mean difference, its 95% bootstrap interval and the
 one-sided exact Wilcoxon p-value (bench/paired.py). Dense tasks (segmentation, fields) are not handled.
@@ -45,13 +45,8 @@ def uniform(val: np.ndarray, y: np.ndarray, task: str, cfg) -> np.ndarray:
     return np.full(len(val), 1.0 / len(val))
 
 
-def bagged(val: np.ndarray, y: np.ndarray, task: str, cfg, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    w = np.zeros(len(val))
-    for _ in range(BAGS):
-        bag = rng.choice(len(val), max(1, len(val) // 2), replace=False)
-        w[bag] += greedy(val[bag], y, task, cfg)
-    return w / w.sum()
+def bagged(val: np.ndarray, y: np.ndarray, task: str, cfg) -> np.ndarray:
+    return select(val, y, task, max_rounds=cfg.max_rounds, init=cfg.init, bags=BAGS, seed=0).weights
 
 
 RULES = {"greedy": greedy, "uniform": uniform, "bagged": bagged}

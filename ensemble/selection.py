@@ -4,6 +4,10 @@ Members are added one at a time, with replacement, each time the one whose addit
 most; a member picked twice counts twice. The ensemble's prediction is the weighted mean of its members'
 predictions (class probabilities or regression outputs) with weights = picks / total picks.
 
+Bagged selection (`bags` > 0; Caruana et al., "Getting the most out of ensemble selection", ICDM 2006) runs the
+same greedy selection in each of `bags` random bags of half the members and averages the bags' weights: a greedy
+run that stops at its first member, or leans on one member that fits val by chance, is one bag of many.
+
 Scores are lower-is-better: the negative log-likelihood of the mean probabilities for classification, and for
 regression the mean squared error with each target in units of its validation variance (1 - R^2, so targets
 measured on different scales count alike; with one target it is the MSE up to a constant factor).
@@ -27,16 +31,19 @@ class Selection:
     member_scores: tuple[float, ...]  # each member's own validation score
     metric: str  # "nll" or "nmse"
     rounds: int  # rounds tried (accepted steps + the final one that found no improvement, if any)
+    bags: int = 0  # bagged selection's bags (picks, counts and rounds are then every bag's; trace the final score)
 
     @property
     def score(self) -> float:
         return self.trace[-1]
 
     def to_dict(self) -> dict:
-        return {"method": "greedy forward selection with replacement (Caruana et al. 2004)", "metric": self.metric,
-                "score": self.score, "trace": list(self.trace), "picks": list(self.picks),
-                "counts": [int(c) for c in self.counts], "member_scores": list(self.member_scores),
-                "rounds": self.rounds}
+        method = "greedy forward selection with replacement (Caruana et al. 2004)"
+        if self.bags:
+            method = f"bagged ensemble selection, {self.bags} bags of half the members (Caruana et al. 2006)"
+        return {"method": method, "metric": self.metric, "score": self.score, "trace": list(self.trace),
+                "picks": list(self.picks), "counts": [int(c) for c in self.counts],
+                "member_scores": list(self.member_scores), "rounds": self.rounds, "bags": self.bags}
 
 
 def combine(preds: np.ndarray | Sequence[np.ndarray], weights: np.ndarray | Sequence[float]) -> np.ndarray:
@@ -84,12 +91,13 @@ def _scores(sums: np.ndarray, y: np.ndarray, task: str, norm: float = 1.0) -> np
 
 
 def select(preds: np.ndarray | Sequence[np.ndarray], y: np.ndarray, task: str, *, max_rounds: int = 50,
-           init: int = 1) -> Selection:
+           init: int = 1, bags: int = 0, seed: int = 0) -> Selection:
     """Pick members for the ensemble from their validation predictions `preds` (K arrays of (N, C)).
 
     Starts from the best single member, or from up to `init` best members added in order while each helps
     ("sorted initialisation"); then adds, with replacement, the member that lowers the score most, until none
-    lowers it or `max_rounds` steps were taken. No accepted step ever makes the validation score worse.
+    lowers it or `max_rounds` steps were taken. No accepted step ever makes the validation score worse. With
+    `bags`, that selection in each of `bags` bags of half the members (drawn with `seed`), the weights averaged.
     """
     p = np.asarray(preds, dtype=np.float64)
     if p.ndim == 2:
@@ -98,11 +106,32 @@ def select(preds: np.ndarray | Sequence[np.ndarray], y: np.ndarray, task: str, *
         raise ValueError(f"selection: expected predictions of K >= 1 members, shape (K, N, C); got {p.shape}")
     if task not in ("classification", "regression"):
         raise ValueError(f"selection: unknown task {task!r}")
-    if max_rounds < 1 or init < 1:
-        raise ValueError("selection: max_rounds and init must be at least 1")
+    if max_rounds < 1 or init < 1 or bags < 0:
+        raise ValueError("selection: max_rounds and init must be at least 1, bags at least 0")
     y = _target(y, task)
     if len(y) != p.shape[1] or len(y) == 0:
         raise ValueError(f"selection: {p.shape[1]} predictions per member but {len(y)} targets")
+    return _bagged(p, y, task, max_rounds, init, bags, seed) if bags else _greedy(p, y, task, max_rounds, init)
+
+
+def _bagged(p: np.ndarray, y: np.ndarray, task: str, max_rounds: int, init: int, bags: int, seed: int
+            ) -> Selection:
+    rng = np.random.default_rng(seed)
+    weights, picks, rounds = np.zeros(len(p)), [], 0
+    for _ in range(bags):
+        bag = rng.choice(len(p), max(1, len(p) // 2), replace=False)
+        sel = _greedy(p[bag], y, task, max_rounds, init)
+        weights[bag] += sel.weights
+        picks += [int(bag[i]) for i in sel.picks]
+        rounds += sel.rounds
+    weights /= bags
+    final = float(_scores(np.tensordot(weights, p, axes=1)[None], y, task)[0])
+    return Selection(weights=weights, counts=np.bincount(picks, minlength=len(p)), picks=tuple(picks),
+                     trace=(final,), member_scores=tuple(float(s) for s in _scores(p, y, task)),
+                     metric="nll" if task == "classification" else "nmse", rounds=rounds, bags=bags)
+
+
+def _greedy(p: np.ndarray, y: np.ndarray, task: str, max_rounds: int, init: int) -> Selection:
     singles = _scores(p, y, task)
     order = np.argsort(singles, kind="stable")
     counts = np.zeros(len(p), dtype=np.int64)

@@ -138,13 +138,14 @@ class EnsembleConfig(Table):
     task_timeout: float = 0.0  # seconds per member; 0 = run.task_timeout scaled by epochs / train.epochs
     max_rounds: int = 50  # selection: the most picks (with replacement)
     init: int = 1  # selection: start from up to this many best members (sorted initialisation)
-    seed: int = 0  # seeds the members' training (the seeds strategy adds one per member)
+    bags: int = 0  # selection: 0 = greedy over every member; N = greedy in N bags of half the members, averaged
+    seed: int = 0  # seeds the members' training (the seeds strategy adds one per member) and the bags
 
     def checks(self) -> list[Check]:
         return [("members", self.members >= 1, "at least 1"), ("epochs", self.epochs >= 0, "at least 0"),
                 ("task_timeout", self.task_timeout >= 0, "at least 0"),
                 ("max_rounds", self.max_rounds >= 1, "at least 1"), ("init", self.init >= 1, "at least 1"),
-                ("seed", self.seed >= 0, "at least 0")]
+                ("bags", self.bags >= 0, "at least 0 (0 = no bagging)"), ("seed", self.seed >= 0, "at least 0")]
 
     def member_epochs(self, train_epochs: int) -> int:
         return self.epochs or 2 * train_epochs

@@ -202,6 +202,21 @@ def test_an_ensemble_of_the_kept_networks_trains_nothing(design, shapes_file, tm
     assert [r["origin"]["id"] for r in journal(tmp_path / "under-mpi")] == [r["id"] for r in best]
 
 
+def test_a_kept_ensemble_by_bagged_selection_says_so_and_predicts(design, shapes_file, tmp_path, capsys):
+    """ensemble.bags: the kept networks weighted by bagged selection (ensemble/selection.py); the manifest names the
+    method and its bags, and predict averages the members it weighted."""
+    run, _ = design
+    out = tmp_path / "bagged"
+    assert cli.main([str(a) for a in ["ensemble", "--from", run, "--data", shapes_file, "--out", out, "--strategy",
+                                      "kept", "--members", 4, "--set", "ensemble.bags=6"]]) == 0
+    manifest = load_manifest(out)
+    assert manifest.selection["bags"] == 6 and manifest.selection["method"].startswith("bagged ensemble selection")
+    assert sum(m.weight for m in manifest.members) == pytest.approx(1.0)
+    capsys.readouterr()
+    assert cli.main(["predict", "--model", str(out), "--data", str(shapes_file), "--split", "test", "--json"]) == 0
+    assert 0 <= json.loads(capsys.readouterr().out)["accuracy"] <= 1
+
+
 def test_kept_weights_gone_are_a_clear_error(design, shapes_file, tmp_path, capsys):
     from galapagos.flows.ensembling import build_kept, prepare
 

@@ -111,6 +111,24 @@ def test_max_rounds_caps_the_picks():
     assert all(b < a for a, b in zip(sel.trace, sel.trace[1:]))
 
 
+def test_bagged_selection_averages_greedy_selections_over_bags_of_half_the_members():
+    """Each bag is half the members, selected greedily; the weights are the bags' mean, so members of other bags
+    than the greedy run's first find weight too, and the same seed gives the same ensemble."""
+    rng = np.random.default_rng(4)
+    y = rng.integers(0, 3, 300)
+    preds = _noisy_members(rng, y, 3, 8, noise=[1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4])
+    sel = select(preds, y, "classification", bags=10, seed=3)
+    assert sel.bags == 10 and sel.weights.sum() == pytest.approx(1.0) and (sel.weights >= 0).all()
+    assert (sel.weights > 0).sum() > (select(preds, y, "classification").weights > 0).sum()
+    assert sel.score == pytest.approx(score(combine(preds, sel.weights), y, "classification"), rel=1e-9)
+    assert np.array_equal(np.bincount(sel.picks, minlength=len(preds)), sel.counts)
+    assert np.array_equal(sel.weights, select(preds, y, "classification", bags=10, seed=3).weights)
+    assert not np.array_equal(sel.weights, select(preds, y, "classification", bags=10, seed=4).weights)
+    assert "bagged" in sel.to_dict()["method"] and sel.to_dict()["bags"] == 10
+    one = select(preds[:1], y, "classification", bags=3)  # one member: every bag is that member
+    assert one.weights.tolist() == [1.0]
+
+
 def test_bad_inputs():
     y = np.zeros(4, dtype=np.int64)
     with pytest.raises(ValueError, match="targets"):
@@ -121,3 +139,5 @@ def test_bad_inputs():
         select([np.full((4, 2), 0.5)], y, "ranking")
     with pytest.raises(ValueError, match="max_rounds"):
         select([np.full((4, 2), 0.5)], y, "classification", max_rounds=0)
+    with pytest.raises(ValueError, match="bags"):
+        select([np.full((4, 2), 0.5)], y, "classification", bags=-1)

@@ -320,7 +320,7 @@ def finish(job: EnsembleJob, records: list[JournalRecord], device: str = "cpu") 
     val, y_val, task = preds["val"], splits["val"][1], job.problem.task
     if job.problem.is_dense:  # per-pixel probabilities or fields: every labelled pixel is a sample of the selection
         val, y_val, task = pixel_samples(val, y_val, task, job.problem.ignore_index)
-    sel = select(val, y_val, task, max_rounds=cfg.max_rounds, init=cfg.init)
+    sel = select(val, y_val, task, max_rounds=cfg.max_rounds, init=cfg.init, bags=cfg.bags, seed=cfg.seed)
     weight = {s.name: float(w) for s, w in zip(ok, sel.weights)}
     members = tuple(Member(s.name, weight.get(s.name, 0.0), s.seed, s.origin, by_name[s.name].status)
                     for s in job.specs if s.name in by_name)
