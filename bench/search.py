@@ -97,7 +97,7 @@ from galapagos.examples import cosmoflow, shapes, signals, tabular
 
 from bench import heldout
 from bench.peers import OPTUNA, Deadline, save_best, spawn, training_data, run_optuna
-from bench.search_report import summary, table, write_readme
+from bench.search_report import PICK, summary, table, write_readme
 
 
 def signals_permuted(out_path: str | Path, *, seed: int = 0) -> None:
@@ -150,13 +150,12 @@ VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, a
     "evolution-ensemble": ("evolution", []),  # the default: the kept networks an ensemble in final/
     "evolution-bagged": ("evolution", ["ensemble.bags=20"]),  # that ensemble by bagged selection
 }
-ENSEMBLED = ("evolution-ensemble", "evolution-bagged")  # scored by final/ (the others by best/, with
-# run.final_ensemble = false)
+# scored by final/ (the others by best/, with run.final_ensemble = false)
+ENSEMBLED = ("evolution-ensemble", "evolution-bagged")
 ENSEMBLE_RESERVE_S = 20.0  # of the wall time, held back from the search for the kept ensemble's build (seconds)
-PICK = ":pick"  # an ensembled run's own single best network, as a contestant of the table (with_picks)
 PAIRED = (("evolution", "tpe-best"), ("evolution-ensemble", "tpe-best"), ("evolution", "tpe"),  # tested, a minus b
-          ("evolution-rungs", "evolution"),
-          ("evolution-surrogate", "evolution"), ("evolution-holdout", "evolution"), ("evolution-cost", "evolution"),
+          ("evolution-rungs", "evolution"), ("evolution-surrogate", "evolution"),
+          ("evolution-holdout", "evolution"), ("evolution-cost", "evolution"),
           ("evolution-shrink", "evolution"), ("evolution-adaptive", "evolution"), ("evolution-finish", "evolution"),
           ("evolution-ensemble", "evolution-ensemble" + PICK), ("evolution-bagged", "evolution-ensemble"))
 EXPERT_TIME_USED = 0.85  # of the time left that the expert's longer training is planned to take (a margin for noise)

@@ -11,6 +11,7 @@ from pathlib import Path
 from bench.paired import compare
 
 START, END = "<!-- made by python -m bench.search", "<!-- end of the table made by bench.search -->"
+PICK = ":pick"  # an ensembled run's own single best network, as a contestant of the table (bench.search.with_picks)
 
 
 def _mean_std(values: list[float]) -> str:
@@ -27,8 +28,8 @@ def _scores(rows: list[dict], dataset: str, contestant: str) -> tuple[list[dict]
 
 def table(rows: list[dict], datasets: list[str], contestants: list[str], held_out: tuple[str, ...],
           paired: tuple[tuple[str, str], ...], pairs: list[dict] | None = None) -> str:
-    """One line per dataset and contestant, which of the others the first contestant's mean leads, and the paired tests of
-    `paired` over the held-out sets and over the others apart (with `pairs`, of one machine: _compare)."""
+    """One line per dataset and contestant, which of the others the first contestant's mean leads, and the paired
+    tests of `paired` over the held-out sets and over the others apart (with `pairs`, of one machine: _compare)."""
     lines = ["| dataset | contestant | test score | validation score | evaluations | runs |",
              "|---|---|---|---|---|---|"]
     for d in datasets:
@@ -83,8 +84,8 @@ def summary(rows: list[dict], datasets: list[str], contestants: list[str], seeds
                f" Each pair is two runs on one machine: where {first}'s run of a (dataset, seed) is from another "
                f"machine than the other contestant's, its pair is {first} run again on that machine (rows in no "
                "cell, made for the pairing alone)." if pairs is not None else "") + "".join(
-               f" {c[:-len(':pick')]} is scored by its final ensemble (OUT/final), {c} by the same run's single "
-               "pick (OUT/best)." for c in contestants if c.endswith(":pick")), ""]
+               f" {c.removesuffix(PICK)} is scored by its final ensemble (OUT/final), {c} by the same run's single "
+               "pick (OUT/best)." for c in contestants if c.endswith(PICK)), ""]
     for group in _groups(datasets, held_out):
         title = ("Held out (the evidence: no default or setting was chosen on them)" if group[0] in held_out
                  else "Tuning sets (defaults were chosen on them: no evidence for those choices)")
@@ -107,7 +108,7 @@ def summary(rows: list[dict], datasets: list[str], contestants: list[str], seeds
             out += [f"- {head}"] + [f"  - {line.strip()}" for line in rest]
         out.append("")
     made = [r for r in rows if r["dataset"] in datasets and r["contestant"] in contestants
-            and not r["contestant"].endswith(":pick")]  # a pick is a run's second score, not a run
+            and not r["contestant"].endswith(PICK)]  # a pick is a run's second score, not a run
     out += [f"Machine: {_tally(made, 'machine')}. Code: {_tally(made, 'commit')}." if made else "No run yet."]
     if pairs:
         out[-1] += f" Runs made for the pairing alone: {_tally(pairs, 'machine')}; code: {_tally(pairs, 'commit')}."

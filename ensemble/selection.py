@@ -125,10 +125,14 @@ def _bagged(p: np.ndarray, y: np.ndarray, task: str, max_rounds: int, init: int,
         picks += [int(bag[i]) for i in sel.picks]
         rounds += sel.rounds
     weights /= bags
-    final = float(_scores(np.tensordot(weights, p, axes=1)[None], y, task)[0])
     return Selection(weights=weights, counts=np.bincount(picks, minlength=len(p)), picks=tuple(picks),
-                     trace=(final,), member_scores=tuple(float(s) for s in _scores(p, y, task)),
-                     metric="nll" if task == "classification" else "nmse", rounds=rounds, bags=bags)
+                     trace=(score(combine(p, weights), y, task),),
+                     member_scores=tuple(float(s) for s in _scores(p, y, task)), metric=_metric(task),
+                     rounds=rounds, bags=bags)
+
+
+def _metric(task: str) -> str:
+    return "nll" if task == "classification" else "nmse"
 
 
 def _greedy(p: np.ndarray, y: np.ndarray, task: str, max_rounds: int, init: int) -> Selection:
@@ -159,4 +163,4 @@ def _greedy(p: np.ndarray, y: np.ndarray, task: str, max_rounds: int, init: int)
         trace.append(float(candidates[best]))
     return Selection(weights=counts / counts.sum(), counts=counts, picks=tuple(picks), trace=tuple(trace),
                      member_scores=tuple(float(s) for s in singles),
-                     metric="nll" if task == "classification" else "nmse", rounds=rounds)
+                     metric=_metric(task), rounds=rounds)
