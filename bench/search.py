@@ -85,12 +85,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from galapagos.config import Config, load_config
-from galapagos.datashare.format import load
-from galapagos.datashare.write import write_dataset
 from galapagos.evolve.genome import Genome
 from galapagos.evolve.train import NonFiniteLoss, train_candidate
 from galapagos.examples import cosmoflow, shapes, signals, tabular
@@ -103,12 +100,7 @@ from bench.search_report import PICK, summary, table, write_readme
 def signals_permuted(out_path: str | Path, *, seed: int = 0) -> None:
     """examples/signals.py with the positions of every trace permuted by one fixed permutation: convolutions are
     the wrong prior there, an MLP on the flattened input the right one (issue 10's second case)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        info = signals.generate(Path(tmp) / "signals.h5", seed=seed)
-        _, arrays = load(Path(tmp) / "signals.h5")
-    perm = np.random.default_rng(0).permutation(info.sample_shape[-1])
-    write_dataset(out_path, {split: (x[..., perm], y) for split, (x, y) in arrays.items()}, task=info.task,
-                  num_classes=info.num_classes, name="signals-permuted")
+    heldout.permuted(signals.generate, out_path, "signals-permuted", seed=seed)
 
 
 DATASETS = {  # name -> (generator, its arguments, its configs in CONFIGS): each small enough that a candidate
@@ -128,11 +120,15 @@ DATASETS = {  # name -> (generator, its arguments, its configs in CONFIGS): each
     # round 3's held-out sets, by the same rule
     "seismograms": (heldout.seismograms, {}, "spectra"),
     "galaxies": (heldout.galaxies, {}, "fields"),
+    # round 4's: the bundled 1D set's config and expert (the same input size: nothing to scale), the permuted
+    # variant the permuted signals' (their MLP with batch norm and dropout)
+    "pulses": (heldout.pulses, {}, "signals"),
+    "pulses-permuted": (heldout.pulses_permuted, {}, "signals-permuted"),
 }
 # each protocol round's evidence (bench/PROTOCOL.md): spectra and fields round 1's, lightcurves and tracks round 2's
-# (spectra is a tuning set of the decision round 2 tests), seismograms and galaxies round 3's; the others were
-# tuned on
-HELD_OUT = ("spectra", "fields", "lightcurves", "tracks", "seismograms", "galaxies")
+# (spectra is a tuning set of the decision round 2 tests), seismograms and galaxies round 3's, pulses and
+# pulses-permuted round 4's; the others were tuned on
+HELD_OUT = ("spectra", "fields", "lightcurves", "tracks", "seismograms", "galaxies", "pulses", "pulses-permuted")
 CONTESTANTS = ("evolution", "evolution-no-priors", "evolution-rungs", "evolution-surrogate", "evolution-holdout",
                "evolution-cost", "evolution-shrink", "evolution-unshrunk", "evolution-adaptive", "evolution-finish",
                "evolution-ensemble", "evolution-bagged", "random", "tpe", "tpe-best", "optuna-random", "expert")

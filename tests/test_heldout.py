@@ -19,7 +19,8 @@ from galapagos.evolve.problem import Problem
 from bench import heldout
 
 CASES = [(heldout.spectra, (1, 256), 8), (heldout.fields, (1, 32, 32), 6), (heldout.lightcurves, (1, 256), 6),
-         (heldout.tracks, (1, 32, 32), 6), (heldout.seismograms, (1, 256), 6), (heldout.galaxies, (1, 32, 32), 6)]
+         (heldout.tracks, (1, 32, 32), 6), (heldout.seismograms, (1, 256), 6), (heldout.galaxies, (1, 32, 32), 6),
+         (heldout.pulses, (1, 128), 6), (heldout.pulses_permuted, (1, 128), 6)]
 
 
 def _arrays(generate, path, **kwargs) -> dict:
@@ -206,22 +207,60 @@ def test_galaxies_classes_differ_by_the_shape_of_their_light(tmp_path):
     _pairs_apart(np.stack([elongation, central, np.sqrt(mrr + mcc), at_centre, rough], axis=1), y, len(names), 25)
 
 
+def test_pulses_classes_differ_by_their_shape(tmp_path):
+    x, y = _arrays(heldout.pulses, tmp_path / "p.h5", samples=3000)["train"]
+    x = x[:, 0].astype(float)
+    x = x - x[:, :6].mean(axis=1, keepdims=True)  # the pedestal, before the earliest arrival
+    smooth = np.stack([np.convolve(row, np.ones(3) / 3, "same") for row in x])
+    top = smooth.max(axis=1, keepdims=True)
+    after = np.arange(x.shape[1])[None] - smooth.argmax(axis=1)[:, None]
+    tail = (smooth * ((after >= 10) & (after < 45))).sum(axis=1) / 35 / top[:, 0]  # the slow light, for the peak
+    rising = ((smooth > 0.2 * top) & (after < 0) & (after > -10)).sum(axis=1)  # an alpha rises slowly
+    flat = (smooth > 0.95 * top).sum(axis=1)  # a clipped top is wide
+    below = -smooth.min(axis=1) / top[:, 0]  # pick-up rings below the pedestal
+    late = (smooth * (after > 3) * (smooth > 0.25 * top)).sum(axis=1) / top[:, 0]  # a second pulse's light
+    mean = {n: [v[y == c].mean() for v in (tail, rising, flat, below, late)] for c, n in enumerate(heldout.PULSES)}
+    assert mean["neutron"][0] > mean["gamma"][0] + 0.02  # pulse-shape discrimination: the stronger slow tail
+    assert mean["alpha"][1] > mean["gamma"][1] + 1.5
+    assert mean["saturated"][2] > mean["gamma"][2] + 1.5
+    assert mean["pickup"][3] > 0.4 > max(m[3] for n, m in mean.items() if n != "pickup")
+    assert mean["pileup"][4] > mean["gamma"][4] + 2
+    _pairs_apart(np.stack([tail, rising, flat, below, late], axis=1), y, len(heldout.PULSES), 40)
+
+
+def test_the_permuted_pulses_are_the_pulses_with_one_fixed_permutation(tmp_path):
+    perm = None
+    for seed in (0, 1):
+        plain = _arrays(heldout.pulses, tmp_path / f"p{seed}.h5", samples=120, seed=seed)
+        permuted = _arrays(heldout.pulses_permuted, tmp_path / f"q{seed}.h5", samples=120, seed=seed)
+        if perm is None:  # where each position went, read off one trace (its values are all distinct)
+            a, b = plain["train"][0][0, 0], permuted["train"][0][0, 0]
+            perm = np.argsort(b)[np.argsort(np.argsort(a))]
+            assert not np.array_equal(perm, np.arange(len(perm)))
+        for split in ("train", "val", "test"):
+            assert np.array_equal(permuted[split][1], plain[split][1])
+            assert np.array_equal(permuted[split][0][..., perm], plain[split][0])
+
+
 @pytest.mark.parametrize("name, problem, config", [
     ("spectra", Problem((1, 256), "classification", 8), "spectra"),
     ("fields", Problem((1, 32, 32), "classification", 6), "fields"),
     ("lightcurves", Problem((1, 256), "classification", 6), "spectra"),  # round 2: round 1's config and expert
     ("tracks", Problem((1, 32, 32), "classification", 6), "fields"),
     ("seismograms", Problem((1, 256), "classification", 6), "spectra"),  # round 3: the same rule
-    ("galaxies", Problem((1, 32, 32), "classification", 6), "fields")])
+    ("galaxies", Problem((1, 32, 32), "classification", 6), "fields"),
+    ("pulses", Problem((1, 128), "classification", 6), "signals"),  # round 4: the bundled 1D set's
+    ("pulses-permuted", Problem((1, 128), "classification", 6), "signals-permuted")])
 def test_bench_search_runs_the_heldout_sets_with_their_configs_and_experts(tmp_path, name, problem, config):
     from bench.search import DATASETS, HELD_OUT, config_path, expert_path
 
     generate, kwargs, its_config = DATASETS[name]
-    assert generate is getattr(heldout, name) and its_config == config and name in HELD_OUT
+    assert generate is getattr(heldout, name.replace("-", "_")) and its_config == config and name in HELD_OUT
     assert Problem.of_dataset(generate(tmp_path / "d.h5", **{**kwargs, "samples": 120})) == problem
     assert config_path(name).exists() and load_config(config_path(name)).train.epochs > 0
     genome = Genome.from_json(expert_path(name).read_text())
     assert count_params(genome, problem) > 10_000
-    assert any(g.type == "conv" for g in genome.layers) and any(g.type == "norm" for g in genome.layers)
+    assert any(g.type == ("dense" if "permuted" in name else "conv") for g in genome.layers)
+    assert any(g.type == "norm" for g in genome.layers)
     model = build_model(genome, problem, "meta")
     assert sum(p.numel() for p in model.parameters()) == count_params(genome, problem)
