@@ -287,6 +287,11 @@ def _arrival(t: np.ndarray, onset: np.ndarray, freq: np.ndarray, decay: np.ndarr
                     * np.exp(-np.maximum(since, 0.0) / decay), 0.0)
 
 
+def _of_label(kinds: dict[str, np.ndarray], names: tuple[str, ...], label: np.ndarray) -> np.ndarray:
+    """Each trace as its class draws it: row i of ``kinds[names[label[i]]]`` (every kind drawn for every trace)."""
+    return np.stack([kinds[name] for name in names])[label, np.arange(len(label))]
+
+
 def seismograms(out_path: str | Path, *, samples: int = 5000, length: int = 256, noise: float = 0.2, seed: int = 0,
                 fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)) -> DatasetInfo:
     """Write the seismograms (train/val/test, balanced classes) to ``out_path``; deterministic for a given seed."""
@@ -318,10 +323,7 @@ def seismograms(out_path: str | Path, *, samples: int = 5000, length: int = 256,
     envelope = np.clip((t[None] - onset) / 25.0, 0.0, 1.0) * np.exp(-np.maximum(t[None] - onset - 25.0, 0.0) / 40.0)
     white = rng.normal(0.0, 1.0, (samples, length))
     kinds["burst"] = envelope * (white + np.roll(white, 1, axis=1) + np.roll(white, 2, axis=1))
-    x = np.zeros((samples, length))
-    for c, name in enumerate(SEISMOGRAMS):
-        rows = label == c
-        x[rows] = kinds[name][rows]
+    x = _of_label(kinds, SEISMOGRAMS, label)
     scale = np.abs(x).max(axis=1, keepdims=True) + 1e-9  # each event's peak at its amplitude
     drift = np.cumsum(rng.normal(0.0, 0.012, (samples, length)), axis=1)  # microseisms: a slow wander
     drift -= drift.mean(axis=1, keepdims=True)
@@ -438,10 +440,7 @@ def pulses(out_path: str | Path, *, samples: int = 3000, length: int = 128, nois
         "pickup": np.where(t[None] > onset, np.sin(2.0 * np.pi * ring_freq * since) * np.exp(-since / ring_decay),
                            0.0),
     }
-    x = np.zeros((samples, length))
-    for c, kind in enumerate(PULSES):
-        rows = label == c
-        x[rows] = kinds[kind][rows]
+    x = _of_label(kinds, PULSES, label)
     x = amplitude * x / (np.abs(x).max(axis=1, keepdims=True) + 1e-12)
     x = x + col(-0.1, 0.1) + col(0.5 * noise, noise) * rng.normal(0.0, 1.0, x.shape)
     return write_dataset(
