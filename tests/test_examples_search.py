@@ -112,13 +112,13 @@ def test_optuna_trials_draw_genomes_of_the_galapagos_space(name, problem, defaul
 
 @pytest.mark.parametrize("name, problem", BENCH_PROBLEMS)
 def test_every_benchmark_dataset_has_an_expert_network_that_builds_for_it(name, problem):
-    from bench.search import expert_path
+    from bench.search import DATASETS, expert_path
 
     genome = Genome.from_json(expert_path(name).read_text())
     assert count_params(genome, problem) > 10_000
     convolutional = any(g.type in ("conv", "residual") for g in genome.layers)
-    # the permuted sets' expert is an MLP, as is the tabular set's
-    assert convolutional == (expert_path(name).name not in ("signals-permuted.expert.json", "tabular.expert.json"))
+    # where an MLP is the expert's choice: the permuted sets (they run the permuted signals' expert) and tabular
+    assert convolutional == (DATASETS[name][2] not in ("signals-permuted", "tabular"))
 
 
 def test_the_expert_trains_its_network_then_a_longer_run_and_saves_the_best(tmp_path):
