@@ -2,6 +2,7 @@
 secondary question).
 
     python -m bench.selection_rules KEEP/*-evolution-ensemble-*/final [--results FILE]
+    python -m bench.selection_rules --results FILE --table-only      # the report of FILE's rows, nothing run
 
 Each directory is an ensemble built by `galapagos ensemble` (a run's final/ is one). Every member predicts val and
 test once; each rule weights the members from their val predictions only; the ensemble is scored on test
@@ -85,9 +86,17 @@ def report(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("ensembles", nargs="+", type=Path, help="ensemble directories (a run's final/)")
+    p.add_argument("ensembles", nargs="*", type=Path, help="ensemble directories (a run's final/)")
     p.add_argument("--results", type=Path, help="append each directory's row to this JSONL file")
+    p.add_argument("--table-only", action="store_true", help="report the rows already in --results; compare nothing")
     args = p.parse_args(argv)
+    if args.table_only:
+        if not args.results or not args.results.is_file() or args.ensembles:
+            p.error("--table-only reads the rows of an existing --results FILE and takes no ensemble directories")
+        print(report([json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]))
+        return
+    if not args.ensembles:
+        p.error("name at least one ensemble directory, or --table-only with --results")
     rows = []
     for path in args.ensembles:
         rows.append(compare_rules(path))

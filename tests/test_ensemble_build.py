@@ -313,3 +313,21 @@ def test_selection_rules_reweight_a_built_ensemble(design, shapes_file, tmp_path
     assert len(lines) == 6
     assert lines[-2].startswith("uniform - greedy: mean +0.0050") and "1 ahead, 0 behind" in lines[-2]
     assert lines[-1].startswith("bagged - greedy: mean -0.0050") and "p = 1.0000" in lines[-1]
+
+
+def test_selection_rules_table_only_reports_a_results_file(tmp_path, capsys):
+    """`--table-only` reports the rows already in --results, comparing nothing; without a file it says what it needs."""
+    from bench.selection_rules import main
+
+    row = {"ensemble": "a/final", "members": 4, "greedy": 0.9, "greedy_used": 2, "uniform": 0.92, "uniform_used": 4,
+           "bagged": 0.9, "bagged_used": 3}
+    results = tmp_path / "selection.jsonl"
+    results.write_text(json.dumps(row) + "\n" + json.dumps({**row, "ensemble": "b/final", "uniform": 0.89}) + "\n")
+    main(["--results", str(results), "--table-only"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("| a/final | 4 | 0.9000 (2) | 0.9200 (4) |") and len(lines) == 6
+    assert lines[-2].startswith("uniform - greedy: mean +0.0050") and "1 ahead, 1 behind" in lines[-2]
+    for argv in (["--table-only"], ["--results", str(tmp_path / "none.jsonl"), "--table-only"], []):
+        with pytest.raises(SystemExit):
+            main(argv)
+    assert "--table-only" in capsys.readouterr().err
