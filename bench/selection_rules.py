@@ -15,7 +15,9 @@ test once; each rule weights the members from their val predictions only; the en
   "Getting the most out of ensemble selection", ICDM 2006): `ensemble.bags = BAGS` (seed 0).
 
 Each rule is paired with `greedy` over the directories: the mean difference, its 95% bootstrap interval and the
-one-sided exact Wilcoxon p-value (bench/paired.py). Dense tasks (segmentation, fields) are not handled.
+one-sided exact Wilcoxon p-value (bench/paired.py); with the ensembles of more than one set, each set's mean
+difference and 95% bootstrap interval under it (a set is the dataset of the run directory bench/search.py's
+`--keep` names `DATASET-CONTESTANT-SEED`). Dense tasks (segmentation, fields) are not handled.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from bench.paired import bootstrap_ci, wilcoxon_greater
-from bench.search import headline
+from bench.search import DATASETS, headline
 from galapagos.config import load_config
 from galapagos.ensemble.selection import combine, select
 from galapagos.flows.ensembling import member_predictions
@@ -81,7 +83,19 @@ def report(rows: list[dict]) -> str:
         lines.append(f"{rule} - greedy: mean {statistics.mean(d):+.4f} (95% {lo:+.4f}..{hi:+.4f}), "
                      f"{sum(x > 0 for x in d)} ahead, {sum(x < 0 for x in d)} behind, "
                      f"one-sided Wilcoxon p = {wilcoxon_greater(d):.4f}")
+        sets = {_dataset(r["ensemble"]) for r in rows}
+        for name in sorted(sets, key=[_dataset(r["ensemble"]) for r in rows].index) if len(sets) > 1 else ():
+            d = [r[rule] - r["greedy"] for r in rows if _dataset(r["ensemble"]) == name]
+            lo, hi = bootstrap_ci(d)
+            lines.append(f"  {name}: {len(d)} runs, mean {statistics.mean(d):+.4f} (95% {lo:+.4f}..{hi:+.4f})")
     return "\n".join(lines)
+
+
+def _dataset(ensemble: str) -> str:
+    """The set of an ensemble in a run directory DATASET-CONTESTANT-SEED (bench/search.py --keep); else that
+    directory's name."""
+    run = Path(ensemble).parent.name
+    return max((d for d in DATASETS if run.startswith(d + "-")), key=len, default=run)
 
 
 def main(argv: list[str] | None = None) -> None:
