@@ -62,11 +62,14 @@ def compare(rows: list[dict], a: str, b: str, datasets: list[str], *, one_machin
     runs = f"{len(every)} paired run" + "s" * (len(every) != 1) + where
     lines = [f"{a} against {b} over {', '.join(datasets)}: {runs}, mean difference "
              f"{statistics.mean(every):+.4f}, one-sided Wilcoxon signed-rank p = {wilcoxon_greater(every):.4f}"]
-    for d in datasets:
-        if len(pairs[d]) == 1:
-            lines.append(f"  {d}: 1 pair, difference {pairs[d][0]:+.4f}")
-        elif pairs[d]:
-            low, high = bootstrap_ci(pairs[d])
-            lines.append(f"  {d}: {len(pairs[d])} pairs, mean difference {statistics.mean(pairs[d]):+.4f} "
-                         f"(95% bootstrap interval {low:+.4f} to {high:+.4f})")
+    lines += [group_line(d, pairs[d]) for d in datasets if pairs[d]]
     return "\n".join(lines)
+
+
+def group_line(name: str, diffs: list[float]) -> str:
+    """One group's line under a paired test: its one difference, or the mean and its bootstrap interval."""
+    if len(diffs) == 1:
+        return f"  {name}: 1 pair, difference {diffs[0]:+.4f}"
+    low, high = bootstrap_ci(diffs)
+    return (f"  {name}: {len(diffs)} pairs, mean difference {statistics.mean(diffs):+.4f} "
+            f"(95% bootstrap interval {low:+.4f} to {high:+.4f})")

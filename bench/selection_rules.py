@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.paired import bootstrap_ci, wilcoxon_greater
+from bench.paired import bootstrap_ci, group_line, wilcoxon_greater
 from bench.search import DATASETS, headline
 from galapagos.config import load_config
 from galapagos.ensemble.selection import combine, select
@@ -77,17 +77,15 @@ def report(rows: list[dict]) -> str:
     lines = ["| ensemble | members | " + " | ".join(RULES) + " |", "|---|---|" + "---|" * len(RULES)]
     lines += [f"| {r['ensemble']} | {r['members']} | " + " | ".join(f"{r[k]:.4f} ({r[k + '_used']})" for k in RULES)
               + " |" for r in rows]
+    sets = [_dataset(r["ensemble"]) for r in rows]
     for rule in list(RULES)[1:]:
         d = [r[rule] - r["greedy"] for r in rows]
         lo, hi = bootstrap_ci(d)
         lines.append(f"{rule} - greedy: mean {statistics.mean(d):+.4f} (95% {lo:+.4f}..{hi:+.4f}), "
                      f"{sum(x > 0 for x in d)} ahead, {sum(x < 0 for x in d)} behind, "
                      f"one-sided Wilcoxon p = {wilcoxon_greater(d):.4f}")
-        sets = {_dataset(r["ensemble"]) for r in rows}
-        for name in sorted(sets, key=[_dataset(r["ensemble"]) for r in rows].index) if len(sets) > 1 else ():
-            d = [r[rule] - r["greedy"] for r in rows if _dataset(r["ensemble"]) == name]
-            lo, hi = bootstrap_ci(d)
-            lines.append(f"  {name}: {len(d)} runs, mean {statistics.mean(d):+.4f} (95% {lo:+.4f}..{hi:+.4f})")
+        if len(set(sets)) > 1:
+            lines += [group_line(name, [x for x, s in zip(d, sets) if s == name]) for name in dict.fromkeys(sets)]
     return "\n".join(lines)
 
 

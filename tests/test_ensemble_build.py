@@ -327,16 +327,15 @@ def test_selection_rules_table_only_reports_a_results_file(tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[2].startswith("| a/final | 4 | 0.9000 (2) | 0.9200 (4) |") and len(lines) == 10
     assert lines[4].startswith("uniform - greedy: mean +0.0050") and "1 ahead, 1 behind" in lines[4]
-    assert lines[5:7] == ["  a: 1 runs, mean +0.0200 (95% +0.0200..+0.0200)",
-                          "  b: 1 runs, mean -0.0100 (95% -0.0100..-0.0100)"]
+    assert lines[5:7] == ["  a: 1 pair, difference +0.0200", "  b: 1 pair, difference -0.0100"]
     # the set of a run directory bench/search.py --keep named: the dataset, even one with a hyphen in its name
     runs = [{**row, "ensemble": f"k/{d}-evolution-ensemble-{s}/final", "uniform": u}
             for d, s, u in [("pulses-permuted", 0, 0.91), ("pulses", 0, 0.9), ("pulses-permuted", 1, 0.93)]]
     results.write_text("".join(json.dumps(r) + "\n" for r in runs))
     main(["--results", str(results), "--table-only"])
     lines = capsys.readouterr().out.splitlines()
-    assert lines[6:8] == ["  pulses-permuted: 2 runs, mean +0.0200 (95% +0.0100..+0.0300)",
-                          "  pulses: 1 runs, mean +0.0000 (95% +0.0000..+0.0000)"]
+    assert lines[6:8] == ["  pulses-permuted: 2 pairs, mean difference +0.0200 (95% bootstrap interval +0.0100 to "
+                          "+0.0300)", "  pulses: 1 pair, difference +0.0000"]
     for argv in (["--table-only"], ["--results", str(tmp_path / "none.jsonl"), "--table-only"], []):
         with pytest.raises(SystemExit):
             main(argv)
