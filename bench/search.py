@@ -21,9 +21,9 @@ trains a hand-written network there (bench/PROTOCOL.md says which answer what):
   (galapagos/flows/finish.py: the budget's last quarter trains the best networks on); `evolution-ensemble` is
   evolution as `galapagos evolve` runs by default since the kept-ensemble pilot: its 16 best networks' weights kept
   (`run.keep_models`, which changes nothing the search does) and made an ensemble as they are in OUT/final at the
-  end (`run.final_ensemble`: greedy selection on validation, nothing trained), ENSEMBLE_RESERVE_S seconds of the
-  wall time held back for it; its row scores the ensemble and, as `pick_test`, the same run's single best
-  network (best/), so that the two final picks of one search pair exactly (the table's
+  end (`run.final_ensemble`: greedy selection on validation, nothing trained), its build inside the time budget
+  (the search stops its expected seconds before the end); its row scores the ensemble and, as `pick_test`, the same
+  run's single best network (best/), so that the two final picks of one search pair exactly (the table's
   `evolution-ensemble:pick`); `evolution-bagged` is the same with `ensemble.bags = 20` (that ensemble by bagged
   selection, ensemble/selection.py). Every other Galapagos contestant runs with `run.final_ensemble = false` and is
   scored by its best/, as in the protocol's rounds 1 and 2;
@@ -148,7 +148,6 @@ VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, a
 }
 # scored by final/ (the others by best/, with run.final_ensemble = false)
 ENSEMBLED = ("evolution-ensemble", "evolution-bagged")
-ENSEMBLE_RESERVE_S = 20.0  # of the wall time, held back from the search for the kept ensemble's build (seconds)
 PAIRED = (("evolution", "tpe-best"), ("evolution-ensemble", "tpe-best"), ("evolution", "tpe"),  # tested, a minus b
           ("evolution-rungs", "evolution"), ("evolution-surrogate", "evolution"),
           ("evolution-holdout", "evolution"), ("evolution-cost", "evolution"),
@@ -407,9 +406,7 @@ def run(args: argparse.Namespace, held: list[dict]) -> list[dict]:
                     if contestant in VARIANTS:
                         strategy, settings = VARIANTS[contestant]
                         ensembled = contestant in ENSEMBLED
-                        reserve = ENSEMBLE_RESERVE_S if ensembled else 0.0
-                        r = run_galapagos(strategy, data, config, out, seed, args.minutes - reserve / 60,
-                                          args.workers, deadline - reserve,
+                        r = run_galapagos(strategy, data, config, out, seed, args.minutes, args.workers, deadline,
                                           args.set + settings + ([] if ensembled else ["run.final_ensemble=false"]))
                         if ensembled:
                             r = final_ensemble(r, out)

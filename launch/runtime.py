@@ -25,6 +25,8 @@ from galapagos.launch.supervisor import START_TIMEOUT
 
 log = logging.getLogger(__name__)
 
+Deadline = float | Callable[[], float | None] | None  # a time.time() to end at, or a function polled for it
+
 # Seconds past a task's time limit after which the master gives up the worker rank running it as lost. The rank's
 # supervisor kills a task at its limit and reports within seconds, but it may first have had to restart its trainer
 # child (up to START_TIMEOUT). A silent rank (SIGSTOP, a hung node) is found by its heartbeat long before
@@ -105,9 +107,10 @@ class _Serving:
                  "heard", "order", "watch", "last_tick", "last_check", "unticked", "mean_seconds", "silence", "seen",
                  "beacon")
 
-    def __init__(self, comm: Any, source: TaskSource, deadline: float | None, prefetch: int | None,
+    def __init__(self, comm: Any, source: TaskSource, deadline: Deadline, prefetch: int | None,
                  tick_seconds: float, stop: Callable[[], Any] | None, grace: float, liveness: Liveness) -> None:
-        self.comm, self.source, self.deadline, self.prefetch = comm, source, deadline, prefetch
+        self.comm, self.source, self.prefetch = comm, source, prefetch
+        self.deadline = deadline if callable(deadline) else lambda: deadline
         self.tick_seconds, self.stop, self.grace = tick_seconds, stop, grace
         self.state = MasterState(workers=comm.size - 1)
         self.silence = Silence(range(1, comm.size), liveness, time.time(), tick_seconds)
@@ -185,7 +188,7 @@ class _Serving:
         once); once a tick, silent ranks are given up, and the loop ends when no worker is left."""
         state = self.state
         why = None
-        if self.deadline is not None and now >= self.deadline:
+        if (deadline := self.deadline()) is not None and now >= deadline:
             why = "time budget reached"
         elif self.stop is not None and (reason := self.stop()):
             why = f"stop requested ({reason})"
@@ -305,10 +308,11 @@ class _Serving:
             self.send(Serve(), follower)
 
 
-def master_serve(comm: Any, source: TaskSource, *, deadline: float | None = None, prefetch: int | None = None,
+def master_serve(comm: Any, source: TaskSource, *, deadline: Deadline = None, prefetch: int | None = None,
                  tick: float = 1.0, stop: Callable[[], Any] | None = None,
                  lost_grace: float | None = None, liveness: Liveness | None = None) -> MasterState:
-    """Run tasks from `source` on every other rank until it is finished or `deadline` (time.time()) passes.
+    """Run tasks from `source` on every other rank until it is finished or `deadline` (time.time()) passes: a
+    time, or a function polled for it (a deadline that moves as the run goes).
 
     `stop` (e.g. stop_signal) is polled: once it returns something true the run ends as at the deadline: running
     tasks are cancelled (not recorded as evaluations, so a resumed run breeds afresh) and the workers stopped at

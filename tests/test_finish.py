@@ -1,6 +1,7 @@
-"""Finishing (`[evolution] finish`, galapagos/flows/finish.py): the last share of the time budget trains the best
-networks on from their weights, and the best of those is the run's. The plan's rules on records, the config's
-checks, and a real run on MPI ranks."""
+"""The end of the time budget. Finishing (`[evolution] finish`, galapagos/flows/finish.py): the last share of it
+trains the best networks on from their weights, and the best of those is the run's. The plan's rules on records,
+the config's checks, and a real run on MPI ranks. And the final ensemble's build inside the budget: the search
+stops its expected seconds before the deadline."""
 from __future__ import annotations
 
 import json
@@ -12,18 +13,21 @@ import pytest
 
 import galapagos
 from galapagos.config import Config, load_config
+from galapagos.datashare.format import DatasetInfo
 from galapagos.evolve.engine import Engine
 from galapagos.evolve.errors import ConfigError
 from galapagos.evolve.netdir import NetworkDir
 from galapagos.evolve.problem import Problem
 from galapagos.evolve.task import TrainConfig
 from galapagos.examples import shapes
-from galapagos.flows.evolution_source import EvolutionSource
+from galapagos.flows.evolution import build_share
+from galapagos.flows.evolution_source import BUILD_RATE, BUILD_START_S, EvolutionSource, build_seconds
 from galapagos.flows.finish import FINISH, SAFETY, Finish
 from galapagos.launch.protocol import Progress, Result, Status
 from galapagos.reports.progress import ProgressView
 from galapagos.store.journal import JournalRecord
 from galapagos.store.rundir import RunDir
+from bench.build_reserve import measure
 from tests.mpirun import describe_run, run_mpi
 from tests.test_evolve_run import SMALL, journal
 
@@ -45,6 +49,8 @@ def test_the_best_networks_not_finished_train_for_the_time_left():
     picked, trained = finish.next(best, now=950.0)  # the next best: 0.5 s an epoch, 50 s left
     assert picked.id == 3 and trained.epochs == 80
     assert finish.next(best, now=950.0) is None and finish.over  # 25 s an epoch: not more than train.epochs
+    finish = Finish(0.25, 400.0, deadline=1000.0, train=train, time_limit=1800.0)
+    assert finish.next(best, now=900.0, end=960.0)[1].epochs == int(SAFETY * 60 / 2.0)  # the search ends at 960
 
 
 def test_a_finished_network_is_not_finished_again():
@@ -139,6 +145,10 @@ def test_the_run_ends_with_its_best_networks_trained_on(tmp_path):
     assert f"finished: evaluation {best['parents'][0]}'s network trained on for" in proc.stdout
     assert json.loads((out / "best" / "metrics.json").read_text())["id"] == best["id"]
     assert "finishing: the search stops breeding" in proc.stdout + proc.stderr
+    # the search left the final ensemble's build its expected seconds, as bench/build_reserve.py estimates them
+    # from the journal afterwards
+    reserved = summary["final_ensemble"]["reserved"]
+    assert reserved > BUILD_START_S and measure(out)["estimate_s"] == pytest.approx(reserved, abs=0.11)
 
     # a longer budget for the same run: the resumed job is all finishing (the first job searched 18 s and finished
     # for most of the next 18: past the new budget's first 27 s), and it finishes kept networks the first job did
@@ -164,3 +174,38 @@ def test_the_final_pick_chooses_among_the_finished_networks(tmp_path):
         open(run.model_path(r.id), "wb").close()
     assert [r.id for r in candidates(run, records, 5)] == [3]  # the finished one, though below its parent
     assert [r.id for r in candidates(run, records[:2], 5)] == [1, 2]  # none finished: the search's best
+
+
+def test_the_search_ends_early_enough_for_the_final_ensemble_s_build(tmp_path):
+    """The search's end is the deadline less the build's expected seconds, from the kept networks' training: it
+    moves when a network enters the kept top and stays when one does not."""
+    config = load_config(None, ["run.keep_models=2", "run.prune=false", "train.epochs=2"])
+    run = RunDir.open(tmp_path / "run", resume=False)
+    problem = Problem((3, 8, 8), "classification", 4)
+    deadline = time.time() + 1200
+
+    def source(share: float, deadline: float | None) -> EvolutionSource:
+        return EvolutionSource(Engine(config.space, problem, config.evolution), config, run, problem,
+                               view=ProgressView(), deadline=deadline, build_share=share)
+
+    s = source(0.5, deadline)
+    assert s.end() == deadline - BUILD_START_S  # nothing kept yet: the build's start-up
+    tasks = [s.next_task() for _ in range(3)]
+    for t, fitness in zip(tasks, (0.6, 0.9, 0.5)):
+        _trained(s, t.id, fitness, b"w")  # 1 s over 2 epochs each
+    kept = [t[2] for t in s.top]
+    assert [r.id for r in kept] == [tasks[1].id, tasks[0].id]  # the third is below the kept two: no change
+    assert build_seconds(kept, 0.5) == BUILD_START_S + BUILD_RATE * 0.5 * 2 * 0.5
+    assert s.end() == pytest.approx(deadline - build_seconds(kept, 0.5))
+    assert source(0.0, deadline).end() == deadline  # no final ensemble: the search has the whole budget
+    assert source(0.5, None).end() is None  # no time budget
+    run.close()
+
+
+def test_the_build_s_share_counts_the_samples_it_predicts():
+    def info(**splits):
+        return DatasetInfo("d.h5", "classification", 4, 1, (1, 8), 1, "float32", splits)
+    config = load_config(None, ["run.val_fraction=0.2"])
+    assert build_share(config, info(train=3000, val=1000, test=1000)) == pytest.approx(2000 / 3000)
+    assert build_share(config, info(train=1000, test=500)) == pytest.approx((200 + 500) / 800)  # val carved
+    assert build_share(load_config(None, ["run.final_ensemble=false"]), info(train=10, val=5, test=5)) == 0.0

@@ -320,6 +320,18 @@ def test_a_passing_deadline_cancels_running_tasks_then_stops_the_workers():
 
 
 @pytest.mark.timeout(30)
+def test_a_deadline_that_moves_is_polled_and_ends_the_loop_when_it_passes():
+    """A deadline given as a function (the evolution run's: the time budget less the final ensemble's build, which
+    grows as the kept networks change) is read afresh by the loop: here it comes forward once two results are in."""
+    comm = FakeComm(size=3)
+    source = ListSource(100)
+    state = serve(comm, source, deadline=lambda: time.time() + 60 if len(source.results) < 2 else time.time() - 1)
+    assert 2 <= len(source.results) < 100 and state.stopping
+    assert all(w.stopped for w in comm.workers.values())
+    assert serve(FakeComm(size=3), ListSource(4), deadline=lambda: None).stopping is False  # None: no deadline
+
+
+@pytest.mark.timeout(30)
 def test_a_stop_request_cancels_running_tasks_and_no_new_task_follows():
     comm = FakeComm(size=3, script=forever)
     source = ListSource(10)

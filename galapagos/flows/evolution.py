@@ -104,6 +104,7 @@ def evolve(session: MasterSession, opts: EvolveOptions) -> dict:
         spent = run.spent_seconds() if opts.resume else 0.0
         check_room(run, config, session.workers)
         problem = Problem.of_dataset(info)
+        share = build_share(config, info)  # the file's splits, test included (the data's setup below loads none)
         engine = Engine(config.space, problem, config.evolution)
         if records:  # a finishing task trained a network the engine was told of: only its id counts there
             engine.replay(r.replace(fitness=None) if r.origin == FINISH else r for r in records)
@@ -122,12 +123,14 @@ def evolve(session: MasterSession, opts: EvolveOptions) -> dict:
         session.while_serving(tracker.close)
     session.while_serving(run.close)
     source = EvolutionSource(engine, config, run, problem, deadline=deadline, records=records,
-                             spent=spent, tracker=tracker, access=access, drawn=drawn)
+                             spent=spent, tracker=tracker, access=access, drawn=drawn,
+                             build_share=share)
     if records:
         log.info("resuming %s: %d evaluation(s) already done in %.0f s of search", run.path, len(records), spent)
-    if deadline is not None and deadline <= start:
-        log.info("the time budget of %g minute(s) was spent by the run's earlier jobs (%.0f s of search): ending at "
-                 "once; give it more with --set run.budget_minutes=M", config.run.budget_minutes, spent)
+    if deadline is not None and source.end() <= start:
+        log.info("the time budget of %g minute(s) was spent by the run's earlier jobs (%.0f s of search, %.0f s "
+                 "left for the final ensemble's build): ending at once; give it more with --set "
+                 "run.budget_minutes=M", config.run.budget_minutes, spent, source.reserve)
         plan, memory, want = {}, None, None  # nothing will train: no data to share
     log.info("evolving networks (%s) for %s (%s, samples %s) on %d worker(s); budget: %s", config.evolution.strategy,
              opts.data, info.task, tuple(info.sample_shape), session.workers,
@@ -140,15 +143,14 @@ def evolve(session: MasterSession, opts: EvolveOptions) -> dict:
                   plan, memory)
     run.begin(config.dumps(), data, resume=opts.resume)  # the run's config and data.json: the job has started
     cpu, serve_start = time.process_time(), time.time()
-    state = session.serve(source, deadline=deadline, lost_grace=config.run.lost_grace,
+    state = session.serve(source, deadline=source.end, lost_grace=config.run.lost_grace,
                           prefetch=prefetch(config.run.prefetch, session.workers))
     master_cpu = (time.process_time() - cpu) / max(time.time() - serve_start, 1e-9)
-    return conclude(run, config, source, state, wall=time.time() - start, master_cpu=master_cpu, deadline=deadline,
-                    data=opts.data)
+    return conclude(run, config, source, state, wall=time.time() - start, master_cpu=master_cpu, data=opts.data)
 
 
 def conclude(run: RunDir, config: Config, source: EvolutionSource, state: MasterState, *, wall: float,
-             master_cpu: float, deadline: float | None, data: str) -> dict:
+             master_cpu: float, data: str) -> dict:
     """The end of a job of the run: its search time on the clock, the final pick (best/, flows/final_pick.py),
     summary.json, and the result (NoResult when nothing succeeded and no stop signal cut the run short)."""
     run.prune_models(source.kept())  # what cancelled tasks wrote before their trainers were stopped
@@ -172,7 +174,7 @@ def conclude(run: RunDir, config: Config, source: EvolutionSource, state: Master
     if pick is not None:
         summary["final_pick"] = pick[1]
     if config.run.final_ensemble and source.best is not None and (made := final_ensemble(run, config, data)):
-        summary["final_ensemble"] = made
+        summary["final_ensemble"] = {**made, "reserved": round(source.reserve, 1)}  # the search's time left it
     # The master's own CPU use while it served: it should leave the cores to training.
     summary["master_cpu_share"] = round(master_cpu, 4)
     summary["search_seconds"] = round(searched, 2)
@@ -186,8 +188,9 @@ def conclude(run: RunDir, config: Config, source: EvolutionSource, state: Master
     if source.exhausted:
         summary["ended_early"] = source.exhausted
     run.save(run.summary, summary)
+    end = source.end()  # where the search's time ended (before the final ensemble's build)
     result = {**summary, "run": str(run.path), "best_dir": str(run.best) if source.best else None,
-              "finished": source.finished() or (deadline is not None and time.time() >= deadline)}
+              "finished": source.finished() or (end is not None and time.time() >= end)}
     if source.best is None and not stopped:
         raise NoResult(result)
     return result
@@ -213,10 +216,25 @@ def final_ensemble(run: RunDir, config: Config, data: str) -> dict | None:
         return {"error": why}
     metrics = json.loads((run.final / "metrics.json").read_text())
     used = sum(w > 0 for w in metrics["weights"].values())
-    log.info("final ensemble: %d of %d kept network(s) in %s", used, len(metrics["weights"]), run.final)
+    seconds = time.time() - start
+    log.info("final ensemble: %d of %d kept network(s) in %s (%.1f s)", used, len(metrics["weights"]), run.final,
+             seconds)
     return {"dir": str(run.final), "members": used, "kept": len(metrics["weights"]), "task": metrics["task"],
             "val": metrics["val"]["ensemble"], "val_best": metrics["val"]["run_best"],
-            "seconds": round(time.time() - start, 1)}
+            "seconds": round(seconds, 1)}
+
+
+def build_share(config: Config, info: DatasetInfo) -> float:
+    """The final ensemble's predictions in samples over the training split's (its build comes out of the time
+    budget: EvolutionSource.end): the val split (carved from train where the file has none) and the test split;
+    0 without a final ensemble."""
+    if not config.run.final_ensemble:
+        return 0.0
+    splits = info.splits
+    train = splits.get("train", 0)
+    val = splits["val"] if "val" in splits else round(config.run.val_fraction * train)
+    fit = train - (0 if "val" in splits else val)
+    return (val + splits.get("test", 0)) / max(fit, 1)
 
 
 def breeder(engine: Engine, config: Config, workers: int) -> Engine | Ahead:

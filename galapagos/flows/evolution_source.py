@@ -24,7 +24,7 @@ from galapagos.evolve.pareto import OBJECTIVES, Front, objective_values
 from galapagos.evolve.problem import Problem
 from galapagos.evolve.rungs import cooldowns, rung_ends
 from galapagos.evolve.task import TrainConfig, TrainTask
-from galapagos.flows.finish import FINISH, Finish
+from galapagos.flows.finish import FINISH, Finish, epoch_seconds
 from galapagos.flows.sources import JournalSource
 from galapagos.launch.protocol import Result, Status, Task
 from galapagos.reports.progress import ProgressView, Snapshot
@@ -38,6 +38,12 @@ log = logging.getLogger(__name__)
 # file replaced on every result would add a metadata operation per task to the master on a parallel file system;
 # a job killed outright loses at most this much of its search time from the budget's count.
 CLOCK_EVERY = 10.0
+# The final ensemble's build (run.final_ensemble, galapagos/flows/evolution.py) comes out of the time budget: the
+# search ends its expected seconds before the deadline. The build's process starts (BUILD_START_S: torch, the data)
+# and each kept network predicts the val and test splits, at BUILD_RATE of its training's seconds over as many
+# samples: the upper edge of round 5's 15 builds of 16 networks each, 4.9-60.3 s (bench/RESULTS.md).
+BUILD_START_S = 5.0
+BUILD_RATE = 0.75
 SWEEP_EVERY = 1.0  # seconds between drops of the weights no longer kept (EvolutionSource.sweep)
 
 
@@ -46,8 +52,11 @@ class EvolutionSource(JournalSource):
 
     def __init__(self, engine: Engine | Ahead, config: Config, run: RunDir, problem: Problem, *,
                  deadline: float | None = None, view: ProgressView | None = None, records: list[JournalRecord] = (),
-                 spent: float = 0.0, tracker: Tracker | None = None, access: Any = None, drawn: range = range(0)):
-        """`drawn`: the ids of the first round, whose workers draw the genomes (evolve/drawn.py)."""
+                 spent: float = 0.0, tracker: Tracker | None = None, access: Any = None, drawn: range = range(0),
+                 build_share: float = 0.0):
+        """`drawn`: the ids of the first round, whose workers draw the genomes (evolve/drawn.py). `build_share`: with
+        a final ensemble to build at the end, its val and test samples over the training split's (build_seconds);
+        0 without one."""
         super().__init__(run, records, view=view, deadline=deadline, keep=False)
         self.drawn = deque(drawn)
         self.access = access  # how trainers read the training split (galapagos/flows/datamode.py); None: resident
@@ -62,6 +71,8 @@ class EvolutionSource(JournalSource):
         self.best: JournalRecord | None = None
         # (-fitness, id, record) of the best evaluations, in order: their weights are kept
         self.top: list[tuple[float, int, JournalRecord]] = []
+        self.build_share = build_share
+        self.reserve = BUILD_START_S if build_share and deadline is not None else 0.0  # the build's seconds
         ev = config.evolution
         # multi-fidelity (evolve/rungs.py): each rung's last epoch and the one its decay starts after, the schedule
         # of all of them; their checkpoints
@@ -138,8 +149,8 @@ class EvolutionSource(JournalSource):
             return None
         if not self.finish.keys:
             self.view.message(f"finishing: the search stops breeding; its best networks train on for the budget's "
-                              f"last {max(self.deadline - time.time(), 0) / 60:.1f} minute(s)")
-        found = self.finish.next([t[2] for t in self.top], time.time())
+                              f"last {max(self.end() - time.time(), 0) / 60:.1f} minute(s)")
+        found = self.finish.next([t[2] for t in self.top], time.time(), self.end())
         if found is None:
             return None
         record, train = found
@@ -195,6 +206,11 @@ class EvolutionSource(JournalSource):
     def finished(self) -> bool:
         return not self.again and (bool(self.exhausted) or self.finish.over
                                    or (self.budget is not None and self.done >= self.budget))
+
+    def end(self) -> float | None:
+        """When the search stops: the deadline, less the final ensemble's expected build (polled by the master
+        loop; it moves as the kept networks change)."""
+        return None if self.deadline is None else self.deadline - self.reserve
 
     def search_seconds(self) -> float:
         """The run's search time over all its jobs so far (what its time budget counts)."""
@@ -266,8 +282,12 @@ class EvolutionSource(JournalSource):
         if not rung and not finishing:  # a promotion's curve starts where its rung does: not pruned, not compared
             for epoch in range(1, len(curve) + 1):
                 self.by_epoch[inherited, epoch].add(max(curve[:epoch]))
-        bisect.insort(self.top, (-record.fitness, record.id, record), key=lambda t: t[:2])
-        del self.top[self.config.run.keep_models:]
+        keep = self.config.run.keep_models
+        if bisect.bisect(self.top, (-record.fitness, record.id), key=lambda t: t[:2]) < keep:
+            bisect.insort(self.top, (-record.fitness, record.id, record), key=lambda t: t[:2])
+            del self.top[keep:]
+            if self.reserve:
+                self.reserve = build_seconds((t[2] for t in self.top), self.build_share)
         self.held.add(record.id)
         if (share := self.train.shrink_after(record.metrics)) is not None:
             self.shrink[record.id] = share
@@ -402,3 +422,7 @@ class Median:
         return -self.low[0] if len(self.low) > len(self.high) else (self.high[0] - self.low[0]) / 2
 
 
+def build_seconds(kept: Iterable[JournalRecord], share: float) -> float:
+    """The final ensemble's expected build: its process's start-up, then each kept network's predictions on the val
+    and test splits (`share`: their samples over the training split's) at BUILD_RATE of its training's seconds."""
+    return BUILD_START_S + BUILD_RATE * share * sum(epoch_seconds(r) for r in kept)

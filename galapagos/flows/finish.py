@@ -17,7 +17,7 @@ from dataclasses import replace
 from galapagos.evolve.task import TrainConfig
 from galapagos.store.journal import JournalRecord
 
-__all__ = ["FINISH", "SAFETY", "Finish"]
+__all__ = ["FINISH", "SAFETY", "Finish", "epoch_seconds"]
 
 FINISH = "finish"  # the origin of a finishing task's journal record
 SAFETY = 0.8  # the share of the time left that a finishing task's epochs are planned to take
@@ -38,13 +38,15 @@ class Finish:
     def begun(self, now: float) -> bool:
         return self.start is not None and now >= self.start
 
-    def next(self, best: list[JournalRecord], now: float) -> tuple[JournalRecord, TrainConfig] | None:
+    def next(self, best: list[JournalRecord], now: float, end: float | None = None
+             ) -> tuple[JournalRecord, TrainConfig] | None:
         """The best of `best` (the kept networks, best first) not finished yet, and its training; None when none is
-        left or the time left is too short for it (the phase is then over)."""
+        left or the time left is too short for it (the phase is then over). `end`: when the search's time ends, if
+        before the deadline (the final ensemble's build comes after it)."""
         for record in best:
             if record.key in self.keys:  # finished (a finishing record's key is its parent's), or being finished
                 continue
-            epochs = self.epochs(record, now)
+            epochs = self.epochs(record, now, end)
             if epochs <= self.train.epochs:
                 break
             self.keys.add(record.key)
@@ -52,9 +54,17 @@ class Finish:
         self.over = True
         return None
 
-    def epochs(self, record: JournalRecord, now: float) -> int:
+    def epochs(self, record: JournalRecord, now: float, end: float | None = None) -> int:
         """The epochs of `record`'s network that fit in the time left, by its own training's seconds per epoch."""
-        if not record.curve or record.start is None or record.end is None:
+        per_epoch = epoch_seconds(record)
+        if not per_epoch:
             return 0
-        per_epoch = max(record.end - record.start, 1e-3) / len(record.curve)
-        return int(SAFETY * min(self.deadline - now, self.time_limit) / per_epoch)
+        left = (self.deadline if end is None else end) - now
+        return int(SAFETY * min(left, self.time_limit) / per_epoch)
+
+
+def epoch_seconds(record: JournalRecord) -> float:
+    """A finished evaluation's seconds per epoch trained, its task's start-up included; 0 where it trained none."""
+    if not record.curve or record.start is None or record.end is None:
+        return 0.0
+    return max(record.end - record.start, 1e-3) / len(record.curve)
