@@ -26,6 +26,8 @@ from galapagos.store.rundir import RunDir
 def measure(path: Path) -> dict:
     """One run's build seconds, its estimate and their ratio."""
     run = RunDir(path)
+    if not run.summary.is_file():
+        raise SystemExit(f"{path}: no summary.json (not the directory of a finished `galapagos evolve` run)")
     summary = json.loads(run.summary.read_text())
     final = summary.get("final_ensemble")
     if not final or "seconds" not in final:

@@ -209,3 +209,8 @@ def test_the_build_s_share_counts_the_samples_it_predicts():
     assert build_share(config, info(train=3000, val=1000, test=1000)) == pytest.approx(2000 / 3000)
     assert build_share(config, info(train=1000, test=500)) == pytest.approx((200 + 500) / 800)  # val carved
     assert build_share(load_config(None, ["run.final_ensemble=false"]), info(train=10, val=5, test=5)) == 0.0
+
+
+def test_the_build_s_bench_names_a_directory_that_is_not_a_run(tmp_path):
+    with pytest.raises(SystemExit, match=f"{tmp_path}: no summary.json"):
+        measure(tmp_path)
