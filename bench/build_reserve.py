@@ -6,8 +6,8 @@ build_seconds), on kept runs of `galapagos evolve` with `run.final_ensemble` (be
 For each run: the build's measured seconds (summary.json), the estimate made from the run's own journal as rank 0
 makes it at the search's end (the best `run.keep_models` evaluations' training seconds per epoch, the data's split
 sizes), and the build over the estimate. A ratio above 1 is a build that ran past the run's time budget; the
-estimate is sized so that none does. Runs from before the search left the time (no `reserved` in their summary)
-are estimated the same way.
+estimate is sized so that none does. Runs from before the search left the time (no `build_reserve` in their
+summary.json) are estimated the same way.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def measure(path: Path) -> dict:
                 key=lambda r: (-r.fitness, r.id))
     estimate = build_seconds(ok[:config.run.keep_models], build_share(config, SimpleNamespace(splits=splits)))
     return {"run": path.name, "kept": min(len(ok), config.run.keep_models), "build_s": final["seconds"],
-            "reserved_s": final.get("reserved"), "estimate_s": round(estimate, 1),
+            "reserved_s": summary.get("build_reserve"), "estimate_s": round(estimate, 1),
             "ratio": round(final["seconds"] / estimate, 2)}
 
 

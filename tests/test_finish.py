@@ -147,7 +147,7 @@ def test_the_run_ends_with_its_best_networks_trained_on(tmp_path):
     assert "finishing: the search stops breeding" in proc.stdout + proc.stderr
     # the search left the final ensemble's build its expected seconds, as bench/build_reserve.py estimates them
     # from the journal afterwards
-    reserved = summary["final_ensemble"]["reserved"]
+    reserved = summary["build_reserve"]
     assert reserved > BUILD_START_S and measure(out)["estimate_s"] == pytest.approx(reserved, abs=0.11)
 
     # a longer budget for the same run: the resumed job is all finishing (the first job searched 18 s and finished

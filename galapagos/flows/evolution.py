@@ -174,7 +174,9 @@ def conclude(run: RunDir, config: Config, source: EvolutionSource, state: Master
     if pick is not None:
         summary["final_pick"] = pick[1]
     if config.run.final_ensemble and source.best is not None and (made := final_ensemble(run, config, data)):
-        summary["final_ensemble"] = {**made, "reserved": round(source.reserve, 1)}  # the search's time left it
+        summary["final_ensemble"] = made
+    if source.reserve:  # the seconds the search stopped early for the final ensemble's build
+        summary["build_reserve"] = round(source.reserve, 1)
     # The master's own CPU use while it served: it should leave the cores to training.
     summary["master_cpu_share"] = round(master_cpu, 4)
     summary["search_seconds"] = round(searched, 2)
