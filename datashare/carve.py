@@ -9,12 +9,17 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["carve_indices", "carve_val", "holdout_indices"]
+__all__ = ["carve_indices", "carve_val", "carved_count", "holdout_indices"]
 
 HOLDOUT_SEED = 7  # the validation rows held back from the search ([train] holdout) are drawn apart from the carving
 
 #: bytes of rows moved per step when compacting train in place
 COMPACT_BYTES = 16 << 20
+
+
+def carved_count(n: int, val_fraction: float) -> int:
+    """How many of ``n`` training samples a carve takes for val: at least one, and one fewer than ``n`` at most."""
+    return min(n - 1, max(1, int(round(val_fraction * n))))
 
 
 def carve_indices(n: int, *, val_fraction: float = 0.1, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -23,7 +28,7 @@ def carve_indices(n: int, *, val_fraction: float = 0.1, seed: int = 0) -> tuple[
         raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
     if n < 2:
         raise ValueError(f"cannot carve a validation split from {n} training sample(s)")
-    n_val = min(n - 1, max(1, int(round(val_fraction * n))))
+    n_val = carved_count(n, val_fraction)
     perm = np.random.default_rng(seed).permutation(n)
     return np.sort(perm[n_val:]), np.sort(perm[:n_val])
 

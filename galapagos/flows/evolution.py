@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from galapagos.config import Config, evolve_config, load_config
+from galapagos.datashare.carve import carved_count
 from galapagos.datashare.format import DatasetInfo, inspect
 from galapagos.errors import NoResult, RunDirError, UsageError
 from galapagos.evolve.ahead import Ahead
@@ -234,7 +235,7 @@ def build_share(config: Config, info: DatasetInfo) -> float:
         return 0.0
     splits = info.splits
     train = splits.get("train", 0)
-    val = splits["val"] if "val" in splits else round(config.run.val_fraction * train)
+    val = splits["val"] if "val" in splits else carved_count(train, config.run.val_fraction)
     fit = train - (0 if "val" in splits else val)
     return (val + splits.get("test", 0)) / max(fit, 1)
 
