@@ -33,7 +33,7 @@ def measure(path: Path) -> dict:
     if not final or "seconds" not in final:
         raise SystemExit(f"{path}: summary.json has no final ensemble's build")
     config = load_config(run.config)
-    datasets = json.loads((path / "data.json").read_text())["datasets"]
+    datasets = json.loads(run.data.read_text())["datasets"]
     splits = {name.split("/")[0]: shape[0] for name, (shape, _) in datasets.items() if name.endswith("/x")}
     ok = sorted((r for r in run.read_journal() if r.status == "ok" and r.fitness is not None),
                 key=lambda r: (-r.fitness, r.id))
