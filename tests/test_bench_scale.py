@@ -27,18 +27,23 @@ def test_the_mix_is_a_distribution_over_the_fates_the_master_can_meet():
 
 @pytest.mark.timeout(120)
 def test_the_simulated_run_journals_every_task_once(tmp_path):
-    out = scale.one(200, 0.3, 6.0, 0.6, keep=str(tmp_path))
+    out = scale.one(200, 0.3, 6.0, 0.6, keep=str(tmp_path), report=lambda comm, *_: {"pruned_ids": comm.pruned})
+    sent = out.pop("pruned_ids")  # task id -> epochs it had reported when the master pruned it
     assert set(out) == KEYS and out["workers"] == 200 and out["lost"] == 0
     records = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
     ids = [r["id"] for r in records]
     assert len(ids) == len(set(ids)) == out["tasks"] > 200  # every worker finished tasks; each id journalled once
     assert sum(out["by_status"].values()) == out["tasks"]
     assert sum(out["mix"].values()) >= out["tasks"]  # drawn for every task sent, finished or still running
-    # the master's own median rule pruned the candidates drawn to be pruned, each after the epoch it was drawn for
-    assert out["by_status"]["pruned"] == sum(out["pruned_at_epoch"].values()) > 0
+    # the master's own median rule pruned the candidates drawn to be pruned, each after the epoch it was drawn for,
+    # and journalled each with the curve it had reported; a prune whose answer the deadline overtook is cancelled
+    # with the other running tasks (not journalled: a resumed run breeds afresh)
+    pruned = {r["id"]: len(r["curve"]) for r in records if r["status"] == "pruned"}
+    assert out["by_status"]["pruned"] == len(pruned) > 0 and sum(out["pruned_at_epoch"].values()) == len(sent)
+    assert pruned == {i: sent[i] for i in pruned} and not (sent.keys() - pruned.keys()) & set(ids)
+    assert len(sent) - len(pruned) < len(pruned) // 100 + 2  # overtaken: the last moment's prunes only
     assert set(out["pruned_at_epoch"]) <= {f.epochs for f in scale.MIX if f.name.startswith("pruned")}
-    pruned = [r for r in records if r["status"] == "pruned"]
-    assert all(len(r["curve"]) >= scale.PRUNE_AFTER for r in pruned)
+    assert min(pruned.values()) >= scale.PRUNE_AFTER
     assert {r["status"] for r in records} >= {"ok", "pruned"}
     assert 0 < out["utilization"] <= 1 and out["master_cpu_share_steady"] >= 0 and out["steady_tasks_per_s"] > 0
 
