@@ -194,7 +194,7 @@ class SimComm:
         self.first_task: dict[int, float] = {}  # worker -> when its first task started
         self.dead: dict[int, float] = {}  # worker -> when its node died
         self.fates: Counter = Counter()  # drawn fate -> tasks
-        self.pruned: dict[int, int] = {}  # task id -> epochs it had reported when the master pruned it
+        self.pruned_at: Counter = Counter()  # epochs reported -> tasks the master pruned after them
         self.answered = 0  # results the master received
         self.reported: dict[int, int] = {}  # running task id -> epochs it reported to the master
         self.echoes: dict[int, dict] = {}  # task id -> what its worker adds to its Result (a drawn genome)
@@ -293,7 +293,7 @@ class SimComm:
             reported = self.reported.pop(obj.id, 0)
             fitness = max(curve[:reported], default=None)
             if obj.status == Status.PRUNED:
-                self.pruned[obj.id] = reported
+                self.pruned_at[reported] += 1
             self._push(now, Result(obj.id, dest, "", obj.status, fitness if obj.status == Status.PRUNED else None,
                                    started, now, self.echoes.pop(obj.id, {})))
             self.free_at[dest] = now  # its queue moves on at once (prefetch is 0 for minute-long tasks)
@@ -428,7 +428,7 @@ def one(workers: int, minutes: float, median: float, sigma: float, breeder_worke
             "master_peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
             "by_status": dict(source.by_status),
             "mix": dict(comm.fates),
-            "pruned_at_epoch": dict(sorted(Counter(comm.pruned.values()).items())),
+            "pruned_at_epoch": dict(sorted(comm.pruned_at.items())),
             "lost": len(state.lost), **more,
             **(_after_death(comm, source, state, dead, start + 60 * kill_at, end) if dead else {})}
 

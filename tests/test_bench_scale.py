@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from bench import scale
+from galapagos.launch.protocol import Cancel, Status
 
 REPO = Path(__file__).resolve().parents[1]
 KEYS = {"workers", "virtual_minutes", "tasks", "master_cpu_us_per_task", "breeder_cpu_us_per_task", "utilization",
@@ -25,10 +26,25 @@ def test_the_mix_is_a_distribution_over_the_fates_the_master_can_meet():
     assert max(pruned) < scale.EPOCHS and {f.name for f in scale.MIX} >= {"full", "crash", "timeout"}
 
 
+class PruneRecording(scale.SimComm):
+    """The simulation, also keeping which tasks the master pruned (the benchmark counts them by epoch only, so as
+    not to hold a million ids in the process whose memory it measures)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.pruned: dict[int, int] = {}  # task id -> epochs it had reported when the master pruned it
+
+    def _receive(self, obj, dest: int) -> None:
+        if isinstance(obj, Cancel) and obj.status == Status.PRUNED:
+            self.pruned[obj.id] = self.reported.get(obj.id, 0)
+        super()._receive(obj, dest)
+
+
 @pytest.mark.timeout(120)
 def test_the_simulated_run_journals_every_task_once(tmp_path):
-    out = scale.one(200, 0.3, 6.0, 0.6, keep=str(tmp_path), report=lambda comm, *_: {"pruned_ids": comm.pruned})
-    sent = out.pop("pruned_ids")  # task id -> epochs it had reported when the master pruned it
+    out = scale.one(200, 0.3, 6.0, 0.6, keep=str(tmp_path), comm_class=PruneRecording,
+                    report=lambda comm, *_: {"pruned_ids": comm.pruned})
+    sent = out.pop("pruned_ids")
     assert set(out) == KEYS and out["workers"] == 200 and out["lost"] == 0
     records = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
     ids = [r["id"] for r in records]
