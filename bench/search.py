@@ -4,7 +4,7 @@
     python -m bench.search --datasets signals shapes cosmoflow tabular --seeds 0 1 2 --minutes 1.5 --workers 2
     python -m bench.search --contestants evolution expert ...   # a part of the field
 
-Sixteen contestants search the same space for the same data, one after another on the same cores, and an expert
+Seventeen contestants search the same space for the same data, one after another on the same cores, and an expert
 trains a hand-written network there (bench/PROTOCOL.md says which answer what):
 - `evolution`, `random`: `galapagos evolve --strategy evolution|random --workers W --budget-minutes M`;
   `evolution-no-priors` the same with `evolution.priors = false` (the algorithm's share without the priors'),
@@ -25,7 +25,8 @@ trains a hand-written network there (bench/PROTOCOL.md says which answer what):
   (the search stops its expected seconds before the end); its row scores the ensemble and, as `pick_test`, the same
   run's single best network (best/), so that the two final picks of one search pair exactly (the table's
   `evolution-ensemble:pick`); `evolution-bagged` is the same with `ensemble.bags = 20` (that ensemble by bagged
-  selection, ensemble/selection.py). Every other Galapagos contestant runs with `run.final_ensemble = false` and is
+  selection, ensemble/selection.py), `evolution-ensemble-finish` with `evolution.finish = 0.25` (its ensemble of
+  the kept networks with the finished ones' weights). Every other Galapagos contestant runs with `run.final_ensemble = false` and is
   scored by its best/, as in the protocol's rounds 1 and 2;
 - `tpe`, `optuna-random`: W processes sharing one Optuna study (a journal file), TPESampler or RandomSampler
   seeded by 1000 * seed + process, MedianPruner with the config's `run.prune_after` and `run.prune_min_results`;
@@ -131,7 +132,8 @@ DATASETS = {  # name -> (generator, its arguments, its configs in CONFIGS): each
 HELD_OUT = ("spectra", "fields", "lightcurves", "tracks", "seismograms", "galaxies", "pulses", "pulses-permuted")
 CONTESTANTS = ("evolution", "evolution-no-priors", "evolution-rungs", "evolution-surrogate", "evolution-holdout",
                "evolution-cost", "evolution-shrink", "evolution-unshrunk", "evolution-adaptive", "evolution-finish",
-               "evolution-ensemble", "evolution-bagged", "random", "tpe", "tpe-best", "optuna-random", "expert")
+               "evolution-ensemble", "evolution-bagged", "evolution-ensemble-finish", "random", "tpe", "tpe-best",
+               "optuna-random", "expert")
 VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, and the settings they add
     "evolution": ("evolution", []), "random": ("random", []),
     "evolution-no-priors": ("evolution", ["evolution.priors=false"]),  # the algorithm's share without the priors'
@@ -145,14 +147,16 @@ VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, a
     "evolution-finish": ("evolution", ["evolution.finish=0.25"]),  # the last quarter trains the best networks on
     "evolution-ensemble": ("evolution", []),  # the default: the kept networks an ensemble in final/
     "evolution-bagged": ("evolution", ["ensemble.bags=20"]),  # that ensemble by bagged selection
+    "evolution-ensemble-finish": ("evolution", ["evolution.finish=0.25"]),  # that ensemble, of finished networks
 }
 # scored by final/ (the others by best/, with run.final_ensemble = false)
-ENSEMBLED = ("evolution-ensemble", "evolution-bagged")
+ENSEMBLED = ("evolution-ensemble", "evolution-bagged", "evolution-ensemble-finish")
 PAIRED = (("evolution", "tpe-best"), ("evolution-ensemble", "tpe-best"), ("evolution", "tpe"),  # tested, a minus b
           ("evolution-rungs", "evolution"), ("evolution-surrogate", "evolution"),
           ("evolution-holdout", "evolution"), ("evolution-cost", "evolution"),
           ("evolution-shrink", "evolution"), ("evolution-adaptive", "evolution"), ("evolution-finish", "evolution"),
-          ("evolution-ensemble", "evolution-ensemble" + PICK), ("evolution-bagged", "evolution-ensemble"))
+          ("evolution-ensemble", "evolution-ensemble" + PICK), ("evolution-bagged", "evolution-ensemble"),
+          ("evolution-ensemble-finish", "evolution-ensemble"))
 EXPERT_TIME_USED = 0.85  # of the time left that the expert's longer training is planned to take (a margin for noise)
 CONFIGS = Path(__file__).parent / "search_configs"
 

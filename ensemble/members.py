@@ -8,10 +8,12 @@ best ones again with new seeds. Every member has its own seed, none equal to a s
 
 `kept` trains nothing: the members are the best distinct networks whose weights the run kept (`run.keep_models`),
 as the search trained them, up to `members` of them: an ensemble in seconds, at the end of the search's own
-budget (bench/RESULTS.md measures it against the search's single pick). Their seed is the search's own.
+budget (bench/RESULTS.md measures it against the search's single pick). Their seed is the search's own. A network
+the run finished (`[evolution] finish`: trained on from its weights at the end of the budget) stands for its genome
+with its finished weights, whatever its parent's validation score: the longest-trained weights of a network.
 
 The run's journal records are read by attribute (the application's journal records are such objects): `id`,
-`status`, `fitness`, `key` and `genome` (its JSON).
+`status`, `fitness`, `key`, `genome` (its JSON) and, where there is one, `origin`.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ from typing import Any
 
 STRATEGIES = ("distinct", "seeds", "mixed", "kept")
 SEED_BASE = 2 ** 31  # member seeds start here; the search's are run.seed * 1_000_003 + evaluation id
+FINISHED = "finish"  # the origin of a finishing task's record (galapagos/flows/finish.py)
 
 
 @dataclass(frozen=True)
@@ -87,9 +90,12 @@ def choose_members(records: list[Any], *, members: int, strategy: str, seed: int
 
 def kept_members(records: list[Any], members: int, kept: Collection[int], search_seed: int,
                  run: str) -> list[MemberSpec]:
-    """The `kept` plan: the best `members` distinct networks among the evaluations in `kept`, best first."""
-    kept = set(kept)
-    tops = ranked_genomes([r for r in records if r.id in kept])
+    """The `kept` plan: the best `members` distinct networks among the evaluations in `kept`, best first; a
+    genome the run finished by its finished weights."""
+    ids = set(kept)
+    with_weights = [r for r in records if r.id in ids]
+    finished = {r.key for r in with_weights if getattr(r, "origin", None) == FINISHED and r.status == "ok"}
+    tops = ranked_genomes([r for r in with_weights if r.key not in finished or getattr(r, "origin", None) == FINISHED])
     if not tops:
         raise ValueError(f"{run or 'the run'}: no finished evaluation's weights are kept in its models/ folder; "
                          "the kept strategy has nothing to build from (train members: --strategy mixed)")

@@ -74,6 +74,18 @@ def test_kept_members_are_the_best_kept_networks():
         choose_members(records, members=4, strategy="kept", seed=0, kept={5})
 
 
+def test_a_finished_network_stands_for_its_genome_in_the_kept_plan():
+    """Finished at the end of the budget (galapagos/flows/finish.py), a network's longest-trained weights are its
+    member, even where its parent scored higher in validation (an optimistic score, chosen among many)."""
+    records = [_record(0, 0.9, "a"), _record(1, 0.8, "b"), _record(2, 0.7, "c"),
+               *(r._replace(origin="finish") for r in (_record(3, 0.85, "a"), _record(4, 0.88, "b"),
+                                                       _record(5, 0.95, "c", "failed")))]
+    kept = choose_members(records, members=3, strategy="kept", seed=0, kept={0, 1, 2, 3, 4, 5})
+    assert [s.origin["id"] for s in kept] == [4, 3, 2]  # a by 3 (not 0), b by 4; c's finishing failed: c by 2
+    assert [s.origin["id"] for s in choose_members(records, members=3, strategy="kept", seed=0, kept={0, 1, 4})] \
+        == [0, 4]  # a finished network without weights kept stands for nothing
+
+
 # -- design, and an ensemble from its run --------------------------------------------------------------------------
 def test_design_end_to_end(design, shapes_file):
     out, stdout = design
