@@ -82,13 +82,15 @@ def test_finish_is_checked(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-def _trained(source: EvolutionSource, task_id: int, fitness: float, weights: bytes) -> None:
-    """A worker's two epochs and result, with the weights it saved in models/, as a trainer writes them."""
+def _trained(source: EvolutionSource, task_id: int, fitness: float, weights: bytes | None) -> None:
+    """A worker's two epochs and result, with the weights it saved in models/, as a trainer writes them (None: a
+    task of one's own that saves none)."""
     for epoch in (1, 2):
         source.on_progress(Progress(task_id, 1, {"epoch": epoch, "fitness": fitness, "loss": 1.0 - fitness}))
-    path = Path(source.run.model_path(task_id))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(weights)
+    if weights is not None:
+        path = Path(source.run.model_path(task_id))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(weights)
     now = time.time()
     source.on_result(Result(task_id, 1, "nodeA", Status.OK, fitness, now - 1.0, now, {"val_loss": 0.5}, None))
 
@@ -178,7 +180,8 @@ def test_the_final_pick_chooses_among_the_finished_networks(tmp_path):
 
 def test_the_search_ends_early_enough_for_the_final_ensemble_s_build(tmp_path):
     """The search's end is the deadline less the build's expected seconds, from the kept networks' training: it
-    moves when a network enters the kept top and stays when one does not."""
+    moves when a network enters the kept top and stays when one does not. A task that saves no weights leaves
+    nothing to build: the search has the whole budget."""
     config = load_config(None, ["run.keep_models=2", "run.prune=false", "train.epochs=2"])
     run = RunDir.open(tmp_path / "run", resume=False)
     problem = Problem((3, 8, 8), "classification", 4)
@@ -188,8 +191,12 @@ def test_the_search_ends_early_enough_for_the_final_ensemble_s_build(tmp_path):
         return EvolutionSource(Engine(config.space, problem, config.evolution), config, run, problem,
                                view=ProgressView(), deadline=deadline, build_share=share)
 
+    unsaved = source(0.5, deadline)
+    for t in (unsaved.next_task(), unsaved.next_task()):
+        _trained(unsaved, t.id, 0.7, None)
+    assert len(unsaved.top) == 2 and unsaved.end() == deadline
     s = source(0.5, deadline)
-    assert s.end() == deadline - BUILD_START_S  # nothing kept yet: the build's start-up
+    assert s.end() == deadline  # nothing kept yet
     tasks = [s.next_task() for _ in range(3)]
     for t, fitness in zip(tasks, (0.6, 0.9, 0.5)):
         _trained(s, t.id, fitness, b"w")  # 1 s over 2 epochs each

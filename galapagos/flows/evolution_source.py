@@ -72,7 +72,7 @@ class EvolutionSource(JournalSource):
         # (-fitness, id, record) of the best evaluations, in order: their weights are kept
         self.top: list[tuple[float, int, JournalRecord]] = []
         self.build_share = build_share
-        self.reserve = BUILD_START_S if build_share and deadline is not None else 0.0  # the build's seconds
+        self.reserve = 0.0  # the build's seconds: none until a kept network's weights are in models/
         ev = config.evolution
         # multi-fidelity (evolve/rungs.py): each rung's last epoch and the one its decay starts after, the schedule
         # of all of them; their checkpoints
@@ -286,7 +286,8 @@ class EvolutionSource(JournalSource):
         if bisect.bisect(self.top, (-record.fitness, record.id), key=lambda t: t[:2]) < keep:
             bisect.insort(self.top, (-record.fitness, record.id, record), key=lambda t: t[:2])
             del self.top[keep:]
-            if self.reserve:
+            if self.build_share and self.deadline is not None and (
+                    self.reserve or os.path.exists(self.run.model_path(record.id))):  # a task may save none
                 self.reserve = build_seconds((t[2] for t in self.top), self.build_share)
         self.held.add(record.id)
         if (share := self.train.shrink_after(record.metrics)) is not None:
