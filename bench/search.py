@@ -26,8 +26,8 @@ trains a hand-written network there (bench/PROTOCOL.md says which answer what):
   run's single best network (best/), so that the two final picks of one search pair exactly (the table's
   `evolution-ensemble:pick`); `evolution-bagged` is the same with `ensemble.bags = 20` (that ensemble by bagged
   selection, ensemble/selection.py), `evolution-ensemble-finish` with `evolution.finish = 0.25` (its ensemble of
-  the kept networks with the finished ones' weights). Every other Galapagos contestant runs with `run.final_ensemble = false` and is
-  scored by its best/, as in the protocol's rounds 1 and 2;
+  the kept networks with the finished ones' weights). Every other Galapagos contestant runs with
+  `run.final_ensemble = false` and is scored by its best/, as in the protocol's rounds 1 and 2;
 - `tpe`, `optuna-random`: W processes sharing one Optuna study (a journal file), TPESampler or RandomSampler
   seeded by 1000 * seed + process, MedianPruner with the config's `run.prune_after` and `run.prune_min_results`;
   `tpe-best` is TPE at its best: multivariate, constant liar, HyperbandPruner, warm-started with evolution's prior
