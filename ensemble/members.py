@@ -94,8 +94,9 @@ def kept_members(records: list[Any], members: int, kept: Collection[int], search
     genome the run finished by its finished weights."""
     ids = set(kept)
     with_weights = [r for r in records if r.id in ids]
-    finished = {r.key for r in with_weights if getattr(r, "origin", None) == FINISHED and r.status == "ok"}
-    tops = ranked_genomes([r for r in with_weights if r.key not in finished or getattr(r, "origin", None) == FINISHED])
+    finished = [r for r in with_weights if getattr(r, "origin", None) == FINISHED and r.status == "ok"]
+    keys = {r.key for r in finished}
+    tops = ranked_genomes(finished + [r for r in with_weights if r.key not in keys])
     if not tops:
         raise ValueError(f"{run or 'the run'}: no finished evaluation's weights are kept in its models/ folder; "
                          "the kept strategy has nothing to build from (train members: --strategy mixed)")
