@@ -220,8 +220,9 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                     report: Callable[[dict], None] | None = None, stats: dict | None = None,
                     parent: dict | None = None, counts: torch.Tensor | None = None, until: int | None = None,
                     resume: str | Path | None = None, checkpoint: str | Path | None = None,
-                    cooldown: int | None = None) -> tuple[dict, dict]:
-    """Train `genome` on data['train'], score it on data['val'] after every epoch; keep the best epoch.
+                    cooldown: int | None = None, keep_last: bool = False) -> tuple[dict, dict]:
+    """Train `genome` on data['train'], score it on data['val'] after every epoch; keep the best epoch (with
+    `keep_last`, the last: an ensemble member's refit, whose validation rows are in its training, ensemble/refit.py).
 
     Returns (summary, state_dict of the best epoch). `report` gets each epoch's metrics (it may raise to stop).
     `parent`: a parent's state_dict, inherited where the layers match (evolve/inherit.py). `counts`: the
@@ -278,7 +279,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                 if batches % FINITE_EVERY == 0:
                     _check_finite(group.sum(total), epoch, batches)
             metrics = _validated(model, (xva, yva), problem, config, autocast, group, epoch, total, batches)
-            if best is None or metrics["fitness"] > best["fitness"]:
+            if best is None or keep_last or metrics["fitness"] > best["fitness"]:
                 best, best_state = dict(metrics), _copied(model)
             group.report(report, metrics)
             if checkpoint is not None and epoch == at and group.leader:

@@ -140,12 +140,17 @@ class EnsembleConfig(Table):
     init: int = 1  # selection: start from up to this many best members (sorted initialisation)
     bags: int = 0  # selection: 0 = greedy over every member; N = greedy in N bags of half the members, averaged
     seed: int = 0  # seeds the members' training (the seeds strategy adds one per member) and the bags
+    refit_epochs: int = 0  # after selection, each used member trains on for this many epochs on the training and
+    # validation rows together, from its weights (ensemble/refit.py); 0 = no refit
+    refit_lr: float = 0.2  # the refit's peak learning rate, a share of each member's genome's
 
     def checks(self) -> list[Check]:
         return [("members", self.members >= 1, "at least 1"), ("epochs", self.epochs >= 0, "at least 0"),
                 ("task_timeout", self.task_timeout >= 0, "at least 0"),
                 ("max_rounds", self.max_rounds >= 1, "at least 1"), ("init", self.init >= 1, "at least 1"),
-                ("bags", self.bags >= 0, "at least 0 (0 = no bagging)"), ("seed", self.seed >= 0, "at least 0")]
+                ("bags", self.bags >= 0, "at least 0 (0 = no bagging)"), ("seed", self.seed >= 0, "at least 0"),
+                ("refit_epochs", self.refit_epochs >= 0, "at least 0 (0 = no refit)"),
+                ("refit_lr", 0 < self.refit_lr <= 1, "a share above 0, up to 1 (the genome's own)")]
 
     def member_epochs(self, train_epochs: int) -> int:
         return self.epochs or 2 * train_epochs

@@ -27,6 +27,7 @@ from galapagos.config import Config, ensemble_overrides, load_config
 from galapagos.datashare.format import DataError, DatasetInfo, inspect, load
 from galapagos.datashare.plan import dataset_plan
 from galapagos.ensemble.members import MemberSpec, choose_members
+from galapagos.ensemble.refit import restore
 from galapagos.ensemble.selection import Selection, combine, pixel_samples, select
 from galapagos.errors import RunDirError, UsageError
 from galapagos.evolve.check import count_params
@@ -287,12 +288,13 @@ def latest(records: list[JournalRecord]) -> dict[str, JournalRecord]:
 
 
 def member_predictions(out: EnsembleDir, names: list[str], problem: Problem, data: str | Path, config: Config,
-                       device: str = "cpu") -> tuple[DatasetInfo, dict, dict[str, list[np.ndarray]]]:
-    """The val and test splits of `data` as the run carved them (`config`'s run section), and each named member's
-    predictions on both, in order."""
+                       device: str = "cpu", wanted: tuple[str, ...] = ("val", "test")
+                       ) -> tuple[DatasetInfo, dict, dict[str, list[np.ndarray]]]:
+    """The `wanted` splits of `data` as the run carved them (`config`'s run section), and each named member's
+    predictions on them, in order."""
     from galapagos.models import load_network, predict_outputs
 
-    info, splits = load(data, ("val", "test"), val_fraction=config.run.val_fraction, seed=config.run.seed)
+    info, splits = load(data, wanted, val_fraction=config.run.val_fraction, seed=config.run.seed)
     preds: dict[str, list[np.ndarray]] = {split: [] for split in splits}
     for name in names:
         model, _, _ = load_network(out.member(name), device)
@@ -314,6 +316,8 @@ def finish(job: EnsembleJob, records: list[JournalRecord], device: str = "cpu") 
         counts = ", ".join(f"{k} {v}" for k, v in sorted(statuses.items()))
         raise EnsembleError(f"no ensemble member trained successfully ({counts}); see {job.out.journal} and "
                             f"{job.out.logs}")
+    for s in ok:  # selection on the weights the members trained to, not a refit's (an interrupted build's)
+        restore(job.out.member(s.name))
     info, splits, preds = member_predictions(job.out, [s.name for s in ok], job.problem, job.data, job.config,
                                              device)
     cfg = job.config.ensemble
@@ -333,6 +337,14 @@ def finish(job: EnsembleJob, records: list[JournalRecord], device: str = "cpu") 
         "val_from_train": info.val_from_train, "strategy": cfg.strategy}))
     metrics: dict = {"task": job.problem.task, "best_member": best_member, "selection": _brief(sel),
                      "status": dict(statuses), "weights": weight}
+    if cfg.refit_epochs:  # val's scores stay the selection's: the refit trains on val
+        metrics["refit"] = refit_used(job, [s for s in ok if weight[s.name] > 0], device)
+        if "test" in splits:
+            metrics["refit"]["test_before"] = score(job.problem.task, combine(preds["test"], sel.weights),
+                                                    splits["test"][1], info)
+            _, _, after = member_predictions(job.out, [s.name for s in ok], job.problem, job.data, job.config,
+                                             device, ("test",))
+            preds["test"] = after["test"]
     run_best, _, _ = load_network(job.source.best, device)  # the search's single best network, for comparison
     for split, (x, y) in splits.items():
         metrics[split] = {"ensemble": score(job.problem.task, combine(preds[split], sel.weights), y, info),
@@ -342,6 +354,20 @@ def finish(job: EnsembleJob, records: list[JournalRecord], device: str = "cpu") 
                                       for s, p in zip(ok, preds[split])}}
     write_json(job.out.metrics, metrics)
     return metrics
+
+
+def refit_used(job: EnsembleJob, used: list[MemberSpec], device: str = "cpu") -> dict:
+    """Each used member refit on the training and validation rows (ensemble/refit.py): what each refit did."""
+    from galapagos.ensemble.refit import refit
+
+    _, splits = load(job.data, ("train", "val"), val_fraction=job.config.run.val_fraction, seed=job.config.run.seed)
+    start = time.time()
+    done = {s.name: refit(job.out.member(s.name), job.problem, splits["train"], splits["val"], job.config,
+                          seed=s.seed, device=device) for s in used}
+    log.info("%d member(s) refit on %d rows for %d epoch(s) (%.1f s)", len(done), len(splits["train"][1]) +
+             len(splits["val"][1]), job.config.ensemble.refit_epochs, time.time() - start)
+    return {"epochs": job.config.ensemble.refit_epochs, "lr": job.config.ensemble.refit_lr, "members": done,
+            "seconds": round(time.time() - start, 1)}
 
 
 def _brief(sel: Selection) -> dict:
