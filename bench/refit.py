@@ -42,7 +42,8 @@ def refit_run(run: Path, epochs: int, lr: float) -> dict:
     if metrics["selection"] != json.loads((run / "final" / "metrics.json").read_text())["selection"]:
         raise SystemExit(f"{run}: the kept ensemble's selection is not its final/'s: no pair")
     return {"ensemble": str(run / "final"), "epochs": epochs, "lr": lr,
-            "before": round(headline(refit["test_before"]), 4), "after": round(headline(metrics["test"]["ensemble"]), 4),
+            "before": round(headline(refit["test_before"]), 4),
+            "after": round(headline(metrics["test"]["ensemble"]), 4),
             "nll_before": refit["test_before"].get("nll"), "nll_after": metrics["test"]["ensemble"].get("nll"),
             "refit": len(refit["members"]), "seconds": refit["seconds"]}
 

@@ -233,6 +233,7 @@ def run_galapagos(strategy: str, data: Path, config: Path, out: Path, seed: int,
            str(config), "--budget-minutes", str(minutes), "--workers", str(workers), "--strategy", strategy,
            "--set", f"run.seed={seed}", "--set", f"evolution.seed={seed}", *(a for s in sets for a in ("--set", s))]
     log = out.with_suffix(".log")
+    stopped = False
     with log.open("w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT)
         try:
@@ -240,7 +241,11 @@ def run_galapagos(strategy: str, data: Path, config: Path, out: Path, seed: int,
         except subprocess.TimeoutExpired:  # its budget counts from after its start-up; the wall time is over
             proc.send_signal(signal.SIGTERM)
             proc.wait()
-    if proc.returncode not in (0, 4):  # 4: no candidate succeeded, a result too
+            stopped = True
+    # 4: no candidate succeeded, a result too; the signal itself: it came after the job ended, as the command
+    # printed its summary (its handlers the default again), and the run's summary.json is written
+    if proc.returncode not in (0, 4) and not (stopped and proc.returncode == -signal.SIGTERM
+                                              and (out / "summary.json").exists()):
         raise RuntimeError(f"{' '.join(cmd)} exited with {proc.returncode}; see {log}")
     summary = json.loads((out / "summary.json").read_text())
     best = summary["best"]

@@ -62,6 +62,13 @@ def test_every_section_names_the_key(section):
         table.from_dict([1])
 
 
+@pytest.mark.parametrize("key, value, expected", [
+    ("refit_epochs", -1, "at least 0"), ("refit_lr", 0, "a share above 0"), ("refit_lr", 1.5, "a share above 0")])
+def test_the_refit_settings_are_checked(key, value, expected):
+    with pytest.raises(ConfigError, match=rf"^ensemble\.{key}: expected {expected}"):
+        load_config(None, [f"ensemble.{key}={value}"])
+
+
 def test_tables_accept_ints_for_floats_and_lists_for_tuples():
     cfg = Config.from_dict({"run": {"budget_minutes": 5}, "space": {"lr": [1, 2], "channels": [8, 8, 4]},
                             "evolution": {"mutations": 2}})

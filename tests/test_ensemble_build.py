@@ -229,6 +229,112 @@ def test_a_kept_ensemble_by_bagged_selection_says_so_and_predicts(design, shapes
     assert 0 <= json.loads(capsys.readouterr().out)["accuracy"] <= 1
 
 
+def test_a_kept_ensemble_refit_trains_its_used_members_on_train_and_val(design, shapes_file, tmp_path, capsys):
+    """ensemble.refit_epochs: the same selection as without it (on the weights the search trained), then each used
+    member trained on over the training and validation rows (ensemble/refit.py); the weights selection chose stay as
+    fit.pt, the run's models/ untouched; val's scores are the selection's, test's the refit members'; --resume
+    selects on the weights before the refit again."""
+    from galapagos.datashare.format import load
+    from galapagos.ensemble.selection import combine
+    from galapagos.models import predict_outputs
+    from galapagos.store.rundir import RunDir
+
+    run, _ = design
+    kept = ["ensemble", "--from", run, "--data", shapes_file, "--strategy", "kept", "--members", 3]
+    assert cli.main([str(a) for a in [*kept, "--out", tmp_path / "plain"]]) == 0
+    out = tmp_path / "refit"
+    argv = [*kept, "--out", out, "--set", "ensemble.refit_epochs=2", "--set", "ensemble.refit_lr=0.5"]
+    capsys.readouterr()
+    assert cli.main([str(a) for a in argv]) == 0
+    printed = capsys.readouterr().out
+    assert "trained on for 2 epoch(s) on train and val" in printed and "test before the refit: ensemble" in printed
+    plain, metrics = (json.loads((d / "metrics.json").read_text()) for d in (tmp_path / "plain", out))
+    assert metrics["selection"] == plain["selection"] and metrics["weights"] == plain["weights"]
+    assert metrics["val"] == plain["val"]  # scored before the refit: the refit trains on val
+    used = sorted(name for name, w in metrics["weights"].items() if w > 0)
+    refit = metrics["refit"]
+    assert sorted(refit["members"]) == used and refit["epochs"] == 2 and refit["lr"] == 0.5
+    _, splits = load(shapes_file, ("train", "val", "test"))
+    assert {m["rows"] for m in refit["members"].values()} == {len(splits["train"][1]) + len(splits["val"][1])}
+    assert refit["test_before"] == plain["test"]["ensemble"]
+    origin = {r["name"]: r["origin"]["id"] for r in journal(out)}
+    manifest = load_manifest(out)
+    for name in metrics["weights"]:
+        member, source = EnsembleDir(out).member(name), Path(RunDir(run).model_path(origin[name]))
+        if name in used:  # fit.pt: the run's file, a second name; model.pt: new weights
+            assert (member / "fit.pt").stat().st_ino == source.stat().st_ino
+            assert (member / "model.pt").read_bytes() != source.read_bytes()
+        else:
+            assert not (member / "fit.pt").exists() and (member / "model.pt").stat().st_ino == source.stat().st_ino
+    x, y = splits["test"]
+    preds = [predict_outputs(load_network(EnsembleDir(out).member(m.name))[0], x, manifest.problem)
+             for m in manifest.used]
+    probs = combine(preds, [m.weight for m in manifest.used])
+    assert -np.log(probs[np.arange(len(y)), y]).mean() == pytest.approx(metrics["test"]["ensemble"]["nll"], rel=1e-5)
+    assert metrics["test"]["ensemble"] != plain["test"]["ensemble"]
+
+    (out / "metrics.json").unlink()  # a build cut short after its refit: --resume selects on fit.pt's weights again
+    assert cli.main([str(a) for a in ["ensemble", "--from", run, "--data", shapes_file, "--out", out, "--resume"]]) == 0
+    again = json.loads((out / "metrics.json").read_text())
+    assert again["selection"] == plain["selection"] and again["val"] == plain["val"]
+    assert again["test"]["ensemble"]["nll"] == pytest.approx(metrics["test"]["ensemble"]["nll"], rel=1e-5)
+    for name in used:
+        assert (EnsembleDir(out).member(name) / "fit.pt").stat().st_ino == \
+            Path(RunDir(run).model_path(origin[name])).stat().st_ino
+
+
+def test_bench_refit_pairs_a_run_before_and_after_its_refit(design, tmp_path, capsys):
+    """bench/refit.py: a run's kept ensemble rebuilt with the refit, its test score before (the run's final/'s)
+    and after; the report pairs them, per set where there are several, and --table-only reports a results file."""
+    from bench.refit import main, refit_run
+
+    run, _ = design
+    row = refit_run(run, 1, 0.5)
+    final = json.loads((run / "final" / "metrics.json").read_text())
+    assert row["before"] == round(final["test"]["ensemble"]["accuracy"], 4) and row["epochs"] == 1
+    assert row["refit"] == sum(w > 0 for w in final["weights"].values()) and row["seconds"] >= 0
+    rows = [{**row, "ensemble": f"k/{d}-evolution-ensemble-{i}/final", "before": b, "after": a}
+            for d, i, b, a in [("signals-clean", 0, 0.98, 0.99), ("signals-permuted", 0, 0.5, 0.51),
+                               ("signals-clean", 1, 0.97, 0.96)]]
+    results = tmp_path / "refit.jsonl"
+    results.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    main(["--results", str(results), "--table-only"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2] == f"| signals-clean-evolution-ensemble-0 | {row['refit']} | {row['seconds']} | 0.9800 | 0.9900 |"
+    assert lines[5].startswith("refit - before: mean +0.0033") and "2 ahead, 1 behind" in lines[5]
+    assert lines[6].startswith("  signals-clean: 2 pairs, mean difference +0.0000")
+    with pytest.raises(SystemExit):
+        main(["--table-only"])
+
+
+def test_a_stop_signal_to_rank_0s_process_group_leaves_the_final_build_to_finish(design, shapes_file, tmp_path):
+    """A launcher passes a stop signal on to rank 0's process group; one that comes as the search ends, while the
+    final ensemble builds (seconds inside the budget), stops nothing more: the build runs in a session of its own.
+    Here a process like rank 0 (catching stop signals) builds it, and its process group gets SIGUSR1 a second in."""
+    import subprocess
+    import sys
+
+    run, _ = design
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    script = f"""
+import json, os, signal, threading, time
+from galapagos.config import load_config
+from galapagos.flows.evolution import final_ensemble
+from galapagos.launch.signals import catch_stop_signals
+from galapagos.store.rundir import RunDir
+catch_stop_signals()
+threading.Thread(target=lambda: (time.sleep(1.0), os.killpg(0, signal.SIGUSR1)), daemon=True).start()
+made = final_ensemble(RunDir({str(copy)!r}), load_config({str(copy / "config.toml")!r}), {str(shapes_file)!r})
+print(json.dumps(made))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                          start_new_session=True)  # its own process group: the signal reaches nothing else
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    made = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert "error" not in made and made["members"] >= 1 and (copy / "final" / "metrics.json").is_file()
+
+
 def test_kept_weights_gone_are_a_clear_error(design, shapes_file, tmp_path, capsys):
     from galapagos.flows.ensembling import build_kept, prepare
 

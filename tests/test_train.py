@@ -42,6 +42,27 @@ def test_classification_learns_and_state_dict_reproduces_val_score():
     assert model.x_mean.item() == pytest.approx(data["train"][0].mean().item(), rel=1e-3)  # normalisation saved
 
 
+def test_keep_last_keeps_the_last_epoch_whatever_its_score():
+    """An ensemble member's refit (ensemble/refit.py) keeps its last epoch: its validation rows are in its training.
+    Validation labels shifted by one class make the first epoch the best by validation (the more the network learns,
+    the lower it scores there); keep_last returns the last epoch's weights and metrics all the same."""
+    problem = Problem((1, 8, 8), "classification", 3)
+    g = genome([{"type": "conv", "channels": 4, "kernel": 3, "stride": 1, "act": "relu"}], lr=1e-2)
+    x, y = blobs(64, (1, 8, 8), 3, seed=1)
+    data = {"train": blobs(192, (1, 8, 8), 3), "val": (x, (y + 1) % 3)}
+    best, _ = train_candidate(g, problem, data, TrainConfig(epochs=4))
+    assert best["best_epoch"] < 4
+    reports = []
+    summary, state = train_candidate(g, problem, data, TrainConfig(epochs=4), report=reports.append, keep_last=True)
+    assert summary["best_epoch"] == 4 and summary["fitness"] == reports[-1]["fitness"] <= best["fitness"]
+    model = build_model(g, problem)
+    model.load_state_dict(state)
+    model.eval()
+    with torch.no_grad():
+        acc = (model(x).argmax(1) == data["val"][1]).float().mean().item()
+    assert acc == pytest.approx(reports[-1]["val_accuracy"])
+
+
 def test_regression_3d_and_tabular():
     rng = np.random.default_rng(0)
     x = torch.from_numpy(rng.normal(size=(128, 1, 4, 4, 4)).astype(np.float32))

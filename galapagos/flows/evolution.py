@@ -9,6 +9,7 @@ import dataclasses
 import json
 import logging
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -205,16 +206,22 @@ def final_ensemble(run: RunDir, config: Config, data: str) -> dict | None:
     summary.json says of it, or why there is none (the run goes on without it); None where no network's weights
     were kept (a task of its own that saves none)."""
     from galapagos.launch.mpi import plain_env
+    from galapagos.launch.trainer import die_with_parent
 
     shutil.rmtree(run.final, ignore_errors=True)
     if not any(run.models.glob("*.pt")):
         return None
     start = time.time()
+    # In a session of its own: a stop signal that reaches rank 0's process group (a launcher passes SIGUSR1 or
+    # SIGTERM on to it) as the search ends stops the search, not the build in progress, seconds inside the budget;
+    # if rank 0 dies, so does the build.
     proc = subprocess.run([sys.executable, "-m", "galapagos.cli", "ensemble", "--from", str(run.path), "--data", data,
                            "--out", str(run.final), "--strategy", "kept", "--members", str(config.run.keep_models)],
-                          env=plain_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True)
+                          env=plain_env(), stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                          start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGKILL))
     if proc.returncode:
-        why = (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1]
+        why = (f"killed by {signal.Signals(-proc.returncode).name}" if proc.returncode < 0 else
+               (proc.stderr.strip().splitlines() or [f"exit code {proc.returncode}"])[-1])
         log.warning("no final ensemble: %s", why)
         return {"error": why}
     metrics = json.loads((run.final / "metrics.json").read_text())

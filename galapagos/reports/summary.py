@@ -117,6 +117,11 @@ def format_metrics(metrics: dict) -> str:
     lines = ["members: " + ", ".join(f"{k} {v}" for k, v in sorted(metrics["status"].items())),
              (f"selection on val ({s['metric']}): best single member {s['single_best']:.4f} -> ensemble "
               f"{s['ensemble']:.4f} with {used} member(s) in {s['picks']} pick(s)")]
+    if refit := metrics.get("refit"):
+        lines.append(f"refit: {len(refit['members'])} member(s) trained on for {refit['epochs']} epoch(s) on train and "
+                     f"val ({refit['seconds']} s); val's scores are from before it")
+        if "test_before" in refit:
+            lines.append(f"  test before the refit: ensemble {_line(refit['test_before'], task)}")
     for split in ("val", "test"):
         if split not in metrics:
             continue
