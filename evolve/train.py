@@ -221,8 +221,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
                     parent: dict | None = None, counts: torch.Tensor | None = None, until: int | None = None,
                     resume: str | Path | None = None, checkpoint: str | Path | None = None,
                     cooldown: int | None = None, keep_last: bool = False) -> tuple[dict, dict]:
-    """Train `genome` on data['train'], score it on data['val'] after every epoch; keep the best epoch (with
-    `keep_last`, the last: an ensemble member's refit, whose validation rows are in its training, ensemble/refit.py).
+    """Train `genome` on data['train'], score it on data['val'] after every epoch; keep the best epoch.
 
     Returns (summary, state_dict of the best epoch). `report` gets each epoch's metrics (it may raise to stop).
     `parent`: a parent's state_dict, inherited where the layers match (evolve/inherit.py). `counts`: the
@@ -231,7 +230,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
     rate decays to zero by `until` (a rung of evolve/rungs.py; None: one cycle over all epochs). `checkpoint`: where
     the whole training state goes at the end of epoch `cooldown` (of `until` without one); `resume`: such a file
     (evolve/checkpoint.py) to go on from, at its next epoch, with its schedule and best epoch so far (a parent is
-    inherited only at a fresh start).
+    inherited only at a fresh start). `keep_last`: keep the last epoch (a refit, whose val is in its training).
     """
     device, group = torch.device(device), Group.current()  # group: the processes it is spread over (run.spread)
     torch.manual_seed(seed)

@@ -360,14 +360,14 @@ def refit_used(job: EnsembleJob, used: list[MemberSpec], device: str = "cpu") ->
     """Each used member refit on the training and validation rows (ensemble/refit.py): what each refit did."""
     from galapagos.ensemble.refit import refit
 
+    cfg = job.config.ensemble
     _, splits = load(job.data, ("train", "val"), val_fraction=job.config.run.val_fraction, seed=job.config.run.seed)
     start = time.time()
-    done = {s.name: refit(job.out.member(s.name), job.problem, splits["train"], splits["val"], job.config,
-                          seed=s.seed, device=device) for s in used}
+    done = {s.name: refit(job.out.member(s.name), job.problem, splits["train"], splits["val"], job.config.train,
+                          epochs=cfg.refit_epochs, lr=cfg.refit_lr, seed=s.seed, device=device) for s in used}
     log.info("%d member(s) refit on %d rows for %d epoch(s) (%.1f s)", len(done), len(splits["train"][1]) +
-             len(splits["val"][1]), job.config.ensemble.refit_epochs, time.time() - start)
-    return {"epochs": job.config.ensemble.refit_epochs, "lr": job.config.ensemble.refit_lr, "members": done,
-            "seconds": round(time.time() - start, 1)}
+             len(splits["val"][1]), cfg.refit_epochs, time.time() - start)
+    return {"epochs": cfg.refit_epochs, "lr": cfg.refit_lr, "members": done, "seconds": round(time.time() - start, 1)}
 
 
 def _brief(sel: Selection) -> dict:
