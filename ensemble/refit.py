@@ -27,7 +27,7 @@ from galapagos.evolve.task import TrainConfig
 
 __all__ = ["FIT", "refit", "restore"]
 
-FIT = "fit.pt"  # a refit member's weights as selection chose them
+FIT = "fit.pt"  # a refit member's weights from before its refit, which selection weighted
 
 
 def restore(member: str | Path) -> None:
