@@ -15,15 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-from bench.paired import bootstrap_ci, group_line, wilcoxon_greater
 from bench.search import headline
-from bench.selection_rules import _dataset
+from bench.selection_rules import measure_or_report, paired_lines
 from galapagos.config import load_config
 from galapagos.store.ensembledir import load_manifest
 
@@ -52,15 +50,7 @@ def report(rows: list[dict]) -> str:
     lines = ["| run | refit members | seconds | before | after |", "|---|---|---|---|---|"]
     lines += [f"| {Path(r['ensemble']).parent.name} | {r['refit']} | {r['seconds']} | {r['before']:.4f} | "
               f"{r['after']:.4f} |" for r in rows]
-    d = [r["after"] - r["before"] for r in rows]
-    lo, hi = bootstrap_ci(d)
-    lines.append(f"refit - before: mean {statistics.mean(d):+.4f} (95% {lo:+.4f}..{hi:+.4f}), "
-                 f"{sum(x > 0 for x in d)} ahead, {sum(x < 0 for x in d)} behind, "
-                 f"one-sided Wilcoxon p = {wilcoxon_greater(d):.4f}")
-    sets = [_dataset(r["ensemble"]) for r in rows]
-    if len(set(sets)) > 1:
-        lines += [group_line(name, [x for x, s in zip(d, sets) if s == name]) for name in dict.fromkeys(sets)]
-    return "\n".join(lines)
+    return "\n".join(lines + paired_lines("refit - before", [r["after"] - r["before"] for r in rows], rows))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -71,21 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", type=Path, help="append each run's row to this JSONL file")
     p.add_argument("--table-only", action="store_true", help="report the rows already in --results; refit nothing")
     args = p.parse_args(argv)
-    if args.table_only:
-        if not args.results or not args.results.is_file() or args.runs:
-            p.error("--table-only reads the rows of an existing --results FILE and takes no run directories")
-        print(report([json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]))
-        return
-    if not args.runs:
-        p.error("name at least one run directory, or --table-only with --results")
-    rows = []
-    for run in args.runs:
-        rows.append(refit_run(run, args.epochs, args.lr))
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
-        if args.results:
-            with args.results.open("a") as f:
-                f.write(json.dumps(rows[-1]) + "\n")
-    print(report(rows))
+    measure_or_report(p, args, args.runs, "run directories", lambda run: refit_run(run, args.epochs, args.lr),
+                      report)
 
 
 if __name__ == "__main__":

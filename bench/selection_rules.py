@@ -26,6 +26,7 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -77,16 +78,21 @@ def report(rows: list[dict]) -> str:
     lines = ["| ensemble | members | " + " | ".join(RULES) + " |", "|---|---|" + "---|" * len(RULES)]
     lines += [f"| {r['ensemble']} | {r['members']} | " + " | ".join(f"{r[k]:.4f} ({r[k + '_used']})" for k in RULES)
               + " |" for r in rows]
-    sets = [_dataset(r["ensemble"]) for r in rows]
     for rule in list(RULES)[1:]:
-        d = [r[rule] - r["greedy"] for r in rows]
-        lo, hi = bootstrap_ci(d)
-        lines.append(f"{rule} - greedy: mean {statistics.mean(d):+.4f} (95% {lo:+.4f}..{hi:+.4f}), "
-                     f"{sum(x > 0 for x in d)} ahead, {sum(x < 0 for x in d)} behind, "
-                     f"one-sided Wilcoxon p = {wilcoxon_greater(d):.4f}")
-        if len(set(sets)) > 1:
-            lines += [group_line(name, [x for x, s in zip(d, sets) if s == name]) for name in dict.fromkeys(sets)]
+        lines += paired_lines(f"{rule} - greedy", [r[rule] - r["greedy"] for r in rows], rows)
     return "\n".join(lines)
+
+
+def paired_lines(name: str, d: list[float], rows: list[dict]) -> list[str]:
+    """The paired test of the differences `d`, one per row: mean, 95% bootstrap interval, ahead and behind, the
+    one-sided exact Wilcoxon p; under it each set's line where the rows are of more than one."""
+    lo, hi = bootstrap_ci(d)
+    lines = [f"{name}: mean {statistics.mean(d):+.4f} (95% {lo:+.4f}..{hi:+.4f}), {sum(x > 0 for x in d)} ahead, "
+             f"{sum(x < 0 for x in d)} behind, one-sided Wilcoxon p = {wilcoxon_greater(d):.4f}"]
+    sets = [_dataset(r["ensemble"]) for r in rows]
+    if len(set(sets)) > 1:
+        lines += [group_line(group, [x for x, s in zip(d, sets) if s == group]) for group in dict.fromkeys(sets)]
+    return lines
 
 
 def _dataset(ensemble: str) -> str:
@@ -102,16 +108,23 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--results", type=Path, help="append each directory's row to this JSONL file")
     p.add_argument("--table-only", action="store_true", help="report the rows already in --results; compare nothing")
     args = p.parse_args(argv)
+    measure_or_report(p, args, args.ensembles, "ensemble directories", compare_rules, report)
+
+
+def measure_or_report(p: argparse.ArgumentParser, args: argparse.Namespace, items: list[Path], what: str,
+                      measure: Callable[[Path], dict], report: Callable[[list[dict]], str]) -> None:
+    """A row per item, each printed and added to `--results` as it comes, then the report of them; with
+    `--table-only`, the report of the rows already in `--results`, nothing measured."""
     if args.table_only:
-        if not args.results or not args.results.is_file() or args.ensembles:
-            p.error("--table-only reads the rows of an existing --results FILE and takes no ensemble directories")
+        if not args.results or not args.results.is_file() or items:
+            p.error(f"--table-only reads the rows of an existing --results FILE and takes no {what}")
         print(report([json.loads(line) for line in args.results.read_text().splitlines() if line.strip()]))
         return
-    if not args.ensembles:
-        p.error("name at least one ensemble directory, or --table-only with --results")
+    if not items:
+        p.error(f"name at least one of the {what}, or --table-only with --results")
     rows = []
-    for path in args.ensembles:
-        rows.append(compare_rules(path))
+    for item in items:
+        rows.append(measure(item))
         print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
         if args.results:
             with args.results.open("a") as f:

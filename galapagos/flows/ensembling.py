@@ -338,13 +338,14 @@ def finish(job: EnsembleJob, records: list[JournalRecord], device: str = "cpu") 
     metrics: dict = {"task": job.problem.task, "best_member": best_member, "selection": _brief(sel),
                      "status": dict(statuses), "weights": weight}
     if cfg.refit_epochs:  # val's scores stay the selection's: the refit trains on val
-        metrics["refit"] = refit_used(job, [s for s in ok if weight[s.name] > 0], device)
-        if "test" in splits:
+        used = [s.name for s in ok if weight[s.name] > 0]
+        metrics["refit"] = refit_used(job, [s for s in ok if s.name in used], device)
+        if "test" in splits:  # the refit members predict test again; the others keep their predictions
             metrics["refit"]["test_before"] = score(job.problem.task, combine(preds["test"], sel.weights),
                                                     splits["test"][1], info)
-            _, _, after = member_predictions(job.out, [s.name for s in ok], job.problem, job.data, job.config,
-                                             device, ("test",))
-            preds["test"] = after["test"]
+            _, _, after = member_predictions(job.out, used, job.problem, job.data, job.config, device, ("test",))
+            refit_preds = dict(zip(used, after["test"]))
+            preds["test"] = [refit_preds.get(s.name, p) for s, p in zip(ok, preds["test"])]
     run_best, _, _ = load_network(job.source.best, device)  # the search's single best network, for comparison
     for split, (x, y) in splits.items():
         metrics[split] = {"ensemble": score(job.problem.task, combine(preds[split], sel.weights), y, info),
