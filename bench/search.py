@@ -125,11 +125,15 @@ DATASETS = {  # name -> (generator, its arguments, its configs in CONFIGS): each
     # variant the permuted signals' (their MLP with batch norm and dropout)
     "pulses": (heldout.pulses, {}, "signals"),
     "pulses-permuted": (heldout.pulses_permuted, {}, "signals-permuted"),
+    # round 6's: by round 4's rule
+    "heartbeats": (heldout.heartbeats, {}, "signals"),
+    "heartbeats-permuted": (heldout.heartbeats_permuted, {}, "signals-permuted"),
 }
 # each protocol round's evidence (bench/PROTOCOL.md): spectra and fields round 1's, lightcurves and tracks round 2's
 # (spectra is a tuning set of the decision round 2 tests), seismograms and galaxies round 3's, pulses and
 # pulses-permuted round 4's; the others were tuned on
-HELD_OUT = ("spectra", "fields", "lightcurves", "tracks", "seismograms", "galaxies", "pulses", "pulses-permuted")
+HELD_OUT = ("spectra", "fields", "lightcurves", "tracks", "seismograms", "galaxies", "pulses", "pulses-permuted",
+            "heartbeats", "heartbeats-permuted")
 CONTESTANTS = ("evolution", "evolution-no-priors", "evolution-rungs", "evolution-surrogate", "evolution-holdout",
                "evolution-cost", "evolution-shrink", "evolution-unshrunk", "evolution-adaptive", "evolution-finish",
                "evolution-ensemble", "evolution-bagged", "evolution-ensemble-finish", "random", "tpe", "tpe-best",

@@ -20,7 +20,8 @@ from bench import heldout
 
 CASES = [(heldout.spectra, (1, 256), 8), (heldout.fields, (1, 32, 32), 6), (heldout.lightcurves, (1, 256), 6),
          (heldout.tracks, (1, 32, 32), 6), (heldout.seismograms, (1, 256), 6), (heldout.galaxies, (1, 32, 32), 6),
-         (heldout.pulses, (1, 128), 6), (heldout.pulses_permuted, (1, 128), 6)]
+         (heldout.pulses, (1, 128), 6), (heldout.pulses_permuted, (1, 128), 6),
+         (heldout.heartbeats, (1, 128), 6), (heldout.heartbeats_permuted, (1, 128), 6)]
 
 
 def _arrays(generate, path, **kwargs) -> dict:
@@ -228,11 +229,12 @@ def test_pulses_classes_differ_by_their_shape(tmp_path):
     _pairs_apart(np.stack([tail, rising, flat, below, late], axis=1), y, len(heldout.PULSES), 40)
 
 
-def test_the_permuted_pulses_are_the_pulses_with_one_fixed_permutation(tmp_path):
+@pytest.mark.parametrize("name", ["pulses", "heartbeats"])
+def test_a_permuted_set_is_its_set_with_one_fixed_permutation(tmp_path, name):
     perm = None
     for seed in (0, 1):
-        plain = _arrays(heldout.pulses, tmp_path / f"p{seed}.h5", samples=120, seed=seed)
-        permuted = _arrays(heldout.pulses_permuted, tmp_path / f"q{seed}.h5", samples=120, seed=seed)
+        plain = _arrays(getattr(heldout, name), tmp_path / f"p{seed}.h5", samples=120, seed=seed)
+        permuted = _arrays(getattr(heldout, f"{name}_permuted"), tmp_path / f"q{seed}.h5", samples=120, seed=seed)
         if perm is None:  # where each position went, read off one trace (its values are all distinct)
             a, b = plain["train"][0][0, 0], permuted["train"][0][0, 0]
             perm = np.argsort(b)[np.argsort(np.argsort(a))]
@@ -250,7 +252,9 @@ def test_the_permuted_pulses_are_the_pulses_with_one_fixed_permutation(tmp_path)
     ("seismograms", Problem((1, 256), "classification", 6), "spectra"),  # round 3: the same rule
     ("galaxies", Problem((1, 32, 32), "classification", 6), "fields"),
     ("pulses", Problem((1, 128), "classification", 6), "signals"),  # round 4: the bundled 1D set's
-    ("pulses-permuted", Problem((1, 128), "classification", 6), "signals-permuted")])
+    ("pulses-permuted", Problem((1, 128), "classification", 6), "signals-permuted"),
+    ("heartbeats", Problem((1, 128), "classification", 6), "signals"),  # round 6: round 4's rule
+    ("heartbeats-permuted", Problem((1, 128), "classification", 6), "signals-permuted")])
 def test_bench_search_runs_the_heldout_sets_with_their_configs_and_experts(tmp_path, name, problem, config):
     from bench.search import DATASETS, HELD_OUT, config_path, expert_path
 
