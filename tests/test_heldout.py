@@ -229,6 +229,30 @@ def test_pulses_classes_differ_by_their_shape(tmp_path):
     _pairs_apart(np.stack([tail, rising, flat, below, late], axis=1), y, len(heldout.PULSES), 40)
 
 
+def test_heartbeats_classes_differ_by_their_waves(tmp_path):
+    x, y = _arrays(heldout.heartbeats, tmp_path / "h.h5", samples=3000)["train"]
+    smooth = np.stack([np.convolve(row, np.ones(3) / 3, "same") for row in x[:, 0].astype(float)])
+    rows = np.arange(len(smooth))
+    r = smooth[:, 20:92].argmax(axis=1) + 20  # the R wave (a ventricular beat's wide one, a block's taller peak)
+    top = smooth[rows, r]
+
+    def around(a: int, b: int) -> np.ndarray:  # samples r+a .. r+b-1 of each trace
+        return smooth[rows[:, None], np.clip(r[:, None] + np.arange(a, b)[None], 0, smooth.shape[1] - 1)]
+
+    base = around(-26, -22).mean(axis=1)
+    p_wave, early = (around(-20, -13).mean(axis=1) - base) / top, (around(-12, -8).mean(axis=1) - base) / top
+    wide = (around(-6, 7) > 0.5 * top[:, None]).sum(axis=1)  # the QRS complex's width
+    st, t_wave = (around(10, 18).mean(axis=1) - base) / top, (around(22, 36).mean(axis=1) - base) / top
+    features = np.stack([p_wave, early, wide, st, t_wave], axis=1)
+    mean = {n: features[y == c].mean(axis=0) for c, n in enumerate(heldout.HEARTBEATS)}
+    assert min(mean[n][0] for n in ("normal", "st_elevation", "bundle_block")) > 0.05 > mean["fibrillation"][0]
+    assert mean["ventricular"][0] < 0.05 and mean["atrial"][1] < -0.1 < mean["normal"][1]  # the early inverted P
+    assert min(mean["ventricular"][2], mean["bundle_block"][2]) > mean["normal"][2] + 2
+    assert mean["st_elevation"][3] > mean["normal"][3] + 0.1
+    assert max(mean["ventricular"][4], mean["bundle_block"][4]) < 0 < mean["normal"][4]  # the inverted T
+    _pairs_apart(features, y, len(heldout.HEARTBEATS), 40)
+
+
 @pytest.mark.parametrize("name", ["pulses", "heartbeats"])
 def test_a_permuted_set_is_its_set_with_one_fixed_permutation(tmp_path, name):
     perm = None
