@@ -458,3 +458,22 @@ def test_selection_rules_table_only_reports_a_results_file(tmp_path, capsys):
         with pytest.raises(SystemExit):
             main(argv)
     assert "--table-only" in capsys.readouterr().err
+
+
+def test_a_final_build_killed_by_a_signal_is_named_and_the_run_goes_on(design, shapes_file, tmp_path, monkeypatch):
+    """A build that dies of a signal (the out-of-memory killer's SIGKILL, a crash's SIGSEGV) leaves summary.json
+    an error naming the signal, not an empty exit code; the run's own result is kept."""
+    from galapagos.config import load_config
+    from galapagos.flows.evolution import final_ensemble
+    from galapagos.store.rundir import RunDir
+
+    run, _ = design
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    dies = tmp_path / "python"
+    dies.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    dies.chmod(0o755)
+    monkeypatch.setattr("sys.executable", str(dies))  # the build's child: a process that dies of SIGSEGV
+    made = final_ensemble(RunDir(copy), load_config(copy / "config.toml"), str(shapes_file))
+    assert made == {"error": "killed by SIGSEGV"} and not (copy / "final").exists()
+    assert any((copy / "models").glob("*.pt"))
