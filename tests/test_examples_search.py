@@ -69,6 +69,8 @@ BENCH_PROBLEMS = [
     ("galaxies", Problem((1, 32, 32), "classification", 6)),
     ("pulses", Problem((1, 128), "classification", 6)),
     ("pulses-permuted", Problem((1, 128), "classification", 6)),
+    ("heartbeats", Problem((1, 128), "classification", 6)),
+    ("heartbeats-permuted", Problem((1, 128), "classification", 6)),
 ]
 
 
