@@ -96,6 +96,7 @@ SEISMOGRAMS = ("local", "regional", "explosion", "teleseism", "doublet", "burst"
 GALAXIES = ("elliptical", "disk", "spiral", "barred", "ring", "merger")
 # Round 4: the kinds of detector pulse
 PULSES = ("gamma", "neutron", "alpha", "pileup", "saturated", "pickup")
+# Round 6: the kinds of heartbeat
 HEARTBEATS = ("normal", "ventricular", "atrial", "bundle_block", "st_elevation", "fibrillation")
 
 

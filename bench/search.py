@@ -131,7 +131,7 @@ DATASETS = {  # name -> (generator, its arguments, its configs in CONFIGS): each
 }
 # each protocol round's evidence (bench/PROTOCOL.md): spectra and fields round 1's, lightcurves and tracks round 2's
 # (spectra is a tuning set of the decision round 2 tests), seismograms and galaxies round 3's, pulses and
-# pulses-permuted round 4's; the others were tuned on
+# pulses-permuted round 4's, heartbeats and heartbeats-permuted round 6's; the others were tuned on
 HELD_OUT = ("spectra", "fields", "lightcurves", "tracks", "seismograms", "galaxies", "pulses", "pulses-permuted",
             "heartbeats", "heartbeats-permuted")
 CONTESTANTS = ("evolution", "evolution-no-priors", "evolution-rungs", "evolution-surrogate", "evolution-holdout",
