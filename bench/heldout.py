@@ -306,16 +306,21 @@ def _of_label(kinds: dict[str, np.ndarray], names: tuple[str, ...], label: np.nd
     return np.stack([kinds[name] for name in names])[label, np.arange(len(label))]
 
 
+def _traces(names: tuple[str, ...], samples: int, length: int, least: int, seed: int):
+    """What a 1D generator of traces draws first: its random stream, balanced labels of ``names`` in random order,
+    the sample positions, and ``col(low, high)``, one uniform draw per trace (a column). Every trace draws every
+    parameter, so the stream of random numbers does not depend on the labels."""
+    if length < least:
+        raise ValueError(f"length must be at least {least} samples, got {length}")
+    rng = np.random.default_rng(seed)
+    label = rng.permutation(np.arange(samples) % len(names))
+    return rng, label, np.arange(length, dtype=float), lambda low, high: rng.uniform(low, high, samples)[:, None]
+
+
 def seismograms(out_path: str | Path, *, samples: int = 5000, length: int = 256, noise: float = 0.2, seed: int = 0,
                 fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)) -> DatasetInfo:
     """Write the seismograms (train/val/test, balanced classes) to ``out_path``; deterministic for a given seed."""
-    if length < 256:
-        raise ValueError(f"length must be at least 256 samples, got {length}")
-    rng = np.random.default_rng(seed)
-    label = rng.permutation(np.arange(samples) % len(SEISMOGRAMS))
-    t = np.arange(length, dtype=float)
-    col = lambda low, high: rng.uniform(low, high, samples)[:, None]  # noqa: E731  (one draw per trace)
-    # every sample draws all parameters, so the stream of random numbers does not depend on the labels
+    rng, label, t, col = _traces(SEISMOGRAMS, samples, length, 256, seed)
     onset, amplitude = col(15.0, 100.0), col(0.8, 1.6)
     freq, decay = col(0.1, 0.22), col(4.0, 10.0)
     polarity = np.where(rng.uniform(0.0, 1.0, samples) < 0.5, -1.0, 1.0)[:, None]
@@ -429,13 +434,7 @@ def pulses(out_path: str | Path, *, samples: int = 3000, length: int = 128, nois
            fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)) -> DatasetInfo:
     """Write the detector pulses (train/val/test, balanced classes) to ``out_path``; deterministic for a given seed.
     ``noise``: the largest noise sigma, each pulse drawing its own between half of it and it."""
-    if length < 128:
-        raise ValueError(f"length must be at least 128 samples, got {length}")
-    rng = np.random.default_rng(seed)
-    label = rng.permutation(np.arange(samples) % len(PULSES))
-    t = np.arange(length, dtype=float)
-    col = lambda low, high: rng.uniform(low, high, samples)[:, None]  # noqa: E731  (one draw per trace)
-    # every sample draws all parameters, so the stream of random numbers does not depend on the labels
+    rng, label, t, col = _traces(PULSES, samples, length, 128, seed)
     onset, amplitude = col(8.0, 0.45 * length), col(0.5, 1.5)
     rise, fast, slow = col(0.6, 1.4), col(4.5, 5.5), col(30.0, 36.0)
     gamma_tail, neutron_tail = col(0.04, 0.12), col(0.25, 0.40)
@@ -474,13 +473,7 @@ def heartbeats(out_path: str | Path, *, samples: int = 2000, length: int = 128, 
                fractions: tuple[float, float, float] = (0.6, 0.2, 0.2)) -> DatasetInfo:
     """Write the heartbeats (train/val/test, balanced classes) to ``out_path``; deterministic for a given seed.
     ``noise``: the largest noise sigma, each trace drawing its own between half of it and it."""
-    if length < 128:
-        raise ValueError(f"length must be at least 128 samples, got {length}")
-    rng = np.random.default_rng(seed)
-    label = rng.permutation(np.arange(samples) % len(HEARTBEATS))
-    t = np.arange(length, dtype=float)
-    col = lambda low, high: rng.uniform(low, high, samples)[:, None]  # noqa: E731  (one draw per trace)
-    # every sample draws all parameters, so the stream of random numbers does not depend on the labels
+    rng, label, t, col = _traces(HEARTBEATS, samples, length, 128, seed)
     r, rate = col(24.0, length - 40.0), col(0.8, 1.25)  # where the R wave peaks; the beat's time scale
     amplitude = col(0.6, 1.4)
     p_height, p_width = col(0.12, 0.2), col(2.0, 3.0) * rate
