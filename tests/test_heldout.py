@@ -292,3 +292,21 @@ def test_bench_search_runs_the_heldout_sets_with_their_configs_and_experts(tmp_p
     assert any(g.type == "norm" for g in genome.layers)
     model = build_model(genome, problem, "meta")
     assert sum(p.numel() for p in model.parameters()) == count_params(genome, problem)
+
+
+def test_the_ceilings_set_trains_on_more_draws_and_keeps_the_sets_validation_and_test(tmp_path):
+    from bench.ceiling import ceiling, more_data
+
+    _, mine = load(heldout.heartbeats(tmp_path / "set.h5").path)
+    _, more = load(validate(more_data("heartbeats", 2, tmp_path)).path)
+    draws = [_arrays(heldout.heartbeats, tmp_path / f"draw{s}.h5", seed=s) for s in (1, 2)]
+    for split in ("val", "test"):
+        for a, b in zip(more[split], mine[split]):
+            assert np.array_equal(a, b)
+    x, y = more["train"]
+    assert len(y) == len(mine["train"][1]) + 2 * 2000
+    assert np.array_equal(x[:1200], mine["train"][0]) and np.array_equal(y[:1200], mine["train"][1])
+    assert np.array_equal(x[1200:], np.concatenate([d[s][0] for d in draws for s in ("train", "val", "test")]))
+    assert not np.array_equal(draws[0]["test"][0], mine["test"][0])  # another draw, not the set again
+    row = ceiling("heartbeats", 1, 1, seed=0)  # one epoch on 3200 rows, scored by `galapagos predict`: far from
+    assert (row["train_rows"], row["epochs"]) == (3200, 1) and 0.4 < row["test"] <= 1  # chance's 1/6
