@@ -70,7 +70,13 @@ def genome_from_trial(trial, space: SearchSpace, problem: Problem) -> Genome:
     return Genome(layers=tuple(layers), optimizer=trial.suggest_categorical("optimizer", space.optimizers),
                   lr=trial.suggest_float("lr", *space.lr, log=True),
                   batch_size=trial.suggest_categorical("batch_size", space.batch_sizes), weight_decay=decay,
-                  head=trial.suggest_categorical("head", space.heads) if problem.spatial_dims else space.heads[0])
+                  head=trial.suggest_categorical("head", space.heads) if problem.spatial_dims else space.heads[0],
+                  shift=_suggest_shift(trial, space, problem))
+
+
+def _suggest_shift(trial, space: SearchSpace, problem: Problem) -> float:
+    shifts = space.shift_choices(problem)  # suggested only where there is a choice, as evolution draws it
+    return trial.suggest_categorical("shift", shifts) if len(shifts) > 1 else shifts[0]
 
 
 def trial_params(genome: Genome, space: SearchSpace, problem: Problem) -> dict | None:
@@ -108,6 +114,10 @@ def trial_params(genome: Genome, space: SearchSpace, problem: Problem) -> dict |
     params.update(optimizer=genome.optimizer, lr=genome.lr, batch_size=genome.batch_size)
     if problem.spatial_dims:
         params["head"] = genome.head
+    if len(space.shift_choices(problem)) > 1:
+        params["shift"] = genome.shift
+    elif genome.shift != space.shift_choices(problem)[0]:
+        return None
     return params if _within(params, genome, space, problem) else None
 
 
@@ -122,6 +132,7 @@ def _within(params: dict, genome: Genome, space: SearchSpace, problem: Problem) 
     return (space.min_layers <= len(genome.layers) <= space.max_layers and genome.optimizer in space.optimizers
             and space.lr[0] <= genome.lr <= space.lr[1] and genome.batch_size in space.batch_sizes
             and (not problem.spatial_dims or genome.head in space.heads)
+            and genome.shift in space.shift_choices(problem)
             and ("weight_decay" not in params or space.weight_decay[0] <= genome.weight_decay <= space.weight_decay[1]))
 
 

@@ -22,7 +22,7 @@ from galapagos.datashare.stream import ChunkStream
 from galapagos.evolve.task import DEVICE_MODES, DataAccess
 
 __all__ = ["DataAccess", "DEVICE_MODES", "HostRows", "StreamBatches", "epoch_batches", "stats_sample",
-           "fits_device", "resident_fits", "batch_data", "child_device", "GPU_TYPES"]
+           "fits_device", "resident_fits", "batch_data", "child_device", "GPU_TYPES", "shifted"]
 
 
 def fits_device(nbytes: int, device: torch.device, setting: str) -> bool:
@@ -129,9 +129,16 @@ def batches_per_epoch(n: int, batch: int) -> int:
     return n // batch + (n % batch >= 2)
 
 
-def epoch_batches(x: Any, y: Any, n: int, batch: int, gen: torch.Generator, device: torch.device
-                  ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """One epoch's training batches of ``n`` rows of (x, y) in a random order drawn from ``gen``."""
+def epoch_batches(x: Any, y: Any, n: int, batch: int, gen: torch.Generator, device: torch.device,
+                  shift: float = 0.0) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    """One epoch's training batches of ``n`` rows of (x, y) in a random order drawn from ``gen``, each sample
+    translated at random by up to ``shift`` of each spatial axis (:func:`shifted`; 0: as they are)."""
+    batches = _batches(x, y, n, batch, gen, device)
+    return batches if not shift else ((shifted(xb, shift, gen), yb) for xb, yb in batches)
+
+
+def _batches(x: Any, y: Any, n: int, batch: int, gen: torch.Generator, device: torch.device
+             ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
     if isinstance(x, StreamBatches):
         yield from x.epoch(int(torch.randint(2**31 - 1, (), generator=gen)), n, batch)
         return
@@ -141,6 +148,24 @@ def epoch_batches(x: Any, y: Any, n: int, batch: int, gen: torch.Generator, devi
         if idx.numel() < 2:
             break  # batch norm needs two samples
         yield x[idx], y[idx]
+
+
+def shifted(x: torch.Tensor, fraction: float, gen: torch.Generator) -> torch.Tensor:
+    """The batch ``x`` (N, C, *spatial) with each sample moved along each spatial axis by its own whole number of
+    positions, drawn from ``gen`` up to ``fraction`` of the axis either way, its edge values repeated into the
+    positions it leaves: data augmentation by translation, for data whose target does not depend on where a
+    pattern is (the ``shift`` gene)."""
+    n = x.shape[0]
+    for axis, size in enumerate(x.shape[2:], start=2):
+        most = int(fraction * size)
+        if most == 0:
+            continue
+        offsets = torch.randint(-most, most + 1, (n, 1), generator=gen).to(x.device)
+        index = (torch.arange(size, device=x.device) - offsets).clamp_(0, size - 1)  # (n, size): where each reads
+        view = [n] + [1] * (x.dim() - 1)
+        view[axis] = size
+        x = x.gather(axis, index.view(view).expand(x.shape))
+    return x
 
 
 def stats_sample(x: Any, y: Any) -> tuple[Any, Any]:

@@ -166,9 +166,10 @@ def _repair(genome: Genome, problem: Problem, space: SearchSpace) -> Genome:
         if _head_features(channels, shape, head) > space.max_flatten_features:
             head = _pooling_head(space) or head
     loss = genome.loss if problem.task == "segmentation" else "ce"  # a gene of segmentation only
-    if tuple(layers) == genome.layers and head == genome.head and loss == genome.loss:
+    shift = genome.shift if problem.shiftable else 0.0  # nothing to translate, or a target that would move too
+    if tuple(layers) == genome.layers and head == genome.head and loss == genome.loss and shift == genome.shift:
         return genome  # most children need no repair: no new genome to make and validate
-    return genome.replace(layers=tuple(layers), head=head, loss=loss)
+    return genome.replace(layers=tuple(layers), head=head, loss=loss, shift=shift)
 
 
 def _pooling_head(space: SearchSpace) -> str | None:

@@ -37,8 +37,10 @@ __all__ = [
     "HEADS",
     "LAYER_TYPES",
     "LOSSES",
+    "MAX_SHIFT",
     "NORM_KINDS",
     "OPTIMIZERS",
+    "OPTIONAL_GENES",
     "POOL_OPS",
     "SPATIAL_TYPES",
     "TRAINING_GENES",
@@ -53,6 +55,7 @@ NORM_KINDS = ("batch", "group")
 #: segmentation losses: cross-entropy, cross-entropy weighted by inverse class frequency, soft Dice
 LOSSES = ("ce", "weighted_ce", "dice")
 MAX_DROPOUT = 0.9
+MAX_SHIFT = 0.5  # the farthest a training sample may be translated, as a fraction of each spatial axis
 
 #: Fields of each layer gene type, in display order.
 GENE_FIELDS: dict[str, tuple[str, ...]] = {
@@ -69,6 +72,7 @@ SPATIAL_TYPES = frozenset({"conv", "residual", "pool"})
 #: Genes allowed after the head.
 DENSE_PART_TYPES = frozenset({"dense", "norm", "dropout"})
 TRAINING_GENES = ("optimizer", "lr", "batch_size", "weight_decay", "head")
+OPTIONAL_GENES = ("loss", "shift")  # training genes a genome's JSON holds only when they are not their default
 
 
 def _as_int(where: str, value: Any) -> int:
@@ -274,6 +278,8 @@ class Genome:
     weight_decay: float = 0.0
     head: str = "avg"
     loss: str = "ce"  # a training gene of segmentation only; in the JSON (and the key) only when not "ce"
+    shift: float = 0.0  # how far each training sample is translated at random (fraction of each spatial axis, edge
+    # values repeated): a training gene of classification and regression on spatial inputs; in the JSON only when > 0
 
     def __post_init__(self) -> None:
         layers = self.layers
@@ -293,6 +299,10 @@ class Genome:
         object.__setattr__(self, "weight_decay", round_sig(wd) + 0.0)
         object.__setattr__(self, "head", _as_choice("genome.head", self.head, HEADS))
         object.__setattr__(self, "loss", _as_choice("genome.loss", self.loss, LOSSES))
+        shift = round(_as_float("genome.shift", self.shift), 3)
+        if not 0.0 <= shift <= MAX_SHIFT:
+            raise InvalidGenome(f"genome.shift: expected a fraction in [0, {MAX_SHIFT}], got {self.shift!r}")
+        object.__setattr__(self, "shift", shift + 0.0)
 
     # --- identity ---
     @property
@@ -314,8 +324,9 @@ class Genome:
             c = _canonical_json
             layers = ",".join(g.canonical() for g in self.layers)
             loss = "" if self.loss == "ce" else f'"loss":{c(self.loss)},'
+            shift = "" if not self.shift else f',"shift":{c(self.shift)}'
             text = (f'{{"batch_size":{c(self.batch_size)},"head":{c(self.head)},"layers":[{layers}],{loss}'
-                    f'"lr":{c(self.lr)},"optimizer":{c(self.optimizer)},"weight_decay":{c(self.weight_decay)}}}')
+                    f'"lr":{c(self.lr)},"optimizer":{c(self.optimizer)}{shift},"weight_decay":{c(self.weight_decay)}}}')
             object.__setattr__(self, "_canonical", text)
         return text
 
@@ -355,7 +366,11 @@ class Genome:
             "weight_decay": self.weight_decay,
             "head": self.head,
         }
-        return d if self.loss == "ce" else {**d, "loss": self.loss}
+        if self.loss != "ce":
+            d["loss"] = self.loss
+        if self.shift:
+            d["shift"] = self.shift
+        return d
 
     @classmethod
     def from_json(cls, d: Any) -> "Genome":
@@ -374,12 +389,12 @@ class Genome:
         missing = [k for k in known if k not in d]
         if missing:
             raise InvalidGenome(f"genome: missing field {missing[0]!r}")
-        extra = sorted(set(d) - set(known) - {"loss"})
+        extra = sorted(set(d) - set(known) - set(OPTIONAL_GENES))
         if extra:
-            raise InvalidGenome(f"genome: unknown field {extra[0]!r} (expected {', '.join(known)}, loss)")
+            raise InvalidGenome(f"genome: unknown field {extra[0]!r} (expected {', '.join(known + OPTIONAL_GENES)})")
         if not isinstance(d["layers"], (list, tuple)):
             raise InvalidGenome(f"genome.layers: expected a list of genes, got {d['layers']!r}")
-        return cls(**{k: d[k] for k in known}, loss=d.get("loss", "ce"))
+        return cls(**{k: d[k] for k in known}, **{k: d[k] for k in OPTIONAL_GENES if k in d})
 
     def describe(self, spatial: bool | None = None) -> str:
         """One line, e.g. ``conv32k3s1-relu > pool-max2 > avg > dense128-gelu | adam lr=1e-3 bs=64 wd=1e-5``.
@@ -396,6 +411,7 @@ class Genome:
         return (
             f"{arch} | {self.optimizer} lr={_fmt_float(self.lr)} bs={self.batch_size} "
             f"wd={_fmt_float(self.weight_decay)}" + ("" if self.loss == "ce" else f" loss={self.loss}")
+            + (f" shift={self.shift:g}" if self.shift else "")
         )
 
     def __repr__(self) -> str:

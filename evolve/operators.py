@@ -18,7 +18,7 @@ from typing import Callable, Sequence, TypeVar
 
 from deap import base, creator
 
-from .genome import GENE_FIELDS, Gene, Genome
+from .genome import GENE_FIELDS, OPTIONAL_GENES, Gene, Genome
 from .problem import Problem
 from .space import SearchSpace
 
@@ -126,10 +126,9 @@ def crossover(a: Genome, b: Genome, rng: random.Random) -> Genome:
     spatial, dense = _messy_one_point(sa, sb, rng), _messy_one_point(da, db, rng)
     training = {name: getattr(a if rng.random() < 0.5 else b, name)
                 for name in ("optimizer", "lr", "batch_size", "weight_decay", "head")}
-    if a.loss != b.loss:  # a draw only where the parents differ: runs without the gene draw as they always did
-        training["loss"] = a.loss if rng.random() < 0.5 else b.loss
-    else:
-        training["loss"] = a.loss
+    for name in OPTIONAL_GENES:  # a draw only where the parents differ: runs without the genes draw as they always did
+        mine, theirs = getattr(a, name), getattr(b, name)
+        training[name] = mine if mine == theirs or rng.random() < 0.5 else theirs
     return Genome(layers=tuple(spatial) + tuple(dense), **training)
 
 
@@ -287,6 +286,11 @@ def _mutate_loss(genome: Genome, space: SearchSpace, problem: Problem, rng: rand
     return None if new is None else genome.replace(loss=new)
 
 
+def _mutate_shift(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome | None:
+    new = _choose_other(rng, space.shift_choices(problem), genome.shift)
+    return None if new is None else genome.replace(shift=new)
+
+
 _Mutation = Callable[[Genome, SearchSpace, Problem, random.Random], "Genome | None"]
 #: name -> (operator, relative weight). Architecture changes dominate; training genes still move often.
 MUTATIONS: dict[str, tuple[_Mutation, float]] = {
@@ -301,18 +305,21 @@ MUTATIONS: dict[str, tuple[_Mutation, float]] = {
     "weight_decay": (_mutate_weight_decay, 0.7),
     "head": (_mutate_head, 0.5),
     "loss": (_mutate_loss, 0.5),  # segmentation only (see _mutate_once)
+    "shift": (_mutate_shift, 0.5),  # where the space offers more than one shift
 }
 _MAX_TRIES = 30
 
 
-# The mutations a problem draws from (the loss gene for segmentation only), with the cumulative weights that
-# rng.choices(weights=) would make on every call: {segmentation?: (names, cumulative weights)}.
-_CHOICES = {seg: (names, tuple(itertools.accumulate(MUTATIONS[n][1] for n in names)))
-            for seg in (False, True) for names in [tuple(n for n in MUTATIONS if n != "loss" or seg)]}
+# The mutations a problem draws from (the loss gene for segmentation only, the shift gene where the space offers a
+# choice), with the cumulative weights that rng.choices(weights=) would make on every call:
+# {(segmentation?, shifts?): (names, cumulative weights)}.
+_CHOICES = {(seg, shifts): (names, tuple(itertools.accumulate(MUTATIONS[n][1] for n in names)))
+            for seg in (False, True) for shifts in (False, True)
+            for names in [tuple(n for n in MUTATIONS if (n != "loss" or seg) and (n != "shift" or shifts))]}
 
 
 def _mutate_once(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random) -> Genome:
-    names, cum_weights = _CHOICES[problem.task == "segmentation"]
+    names, cum_weights = _CHOICES[problem.task == "segmentation", len(space.shift_choices(problem)) > 1]
     for _ in range(_MAX_TRIES):
         name = rng.choices(names, cum_weights=cum_weights)[0]
         child = MUTATIONS[name][0](genome, space, problem, rng)
@@ -323,7 +330,7 @@ def _mutate_once(genome: Genome, space: SearchSpace, problem: Problem, rng: rand
 
 def mutate(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random, n: int = 1) -> Genome:
     """Apply ``n`` random mutations (add/remove/change/replace/move a layer, optimizer, lr, batch size,
-    weight decay, head). The child differs from the parent unless no mutation applies at all (a later
+    weight decay, head, and where they apply the loss and the shift). The child differs from the parent unless no mutation applies at all (a later
     mutation may undo an earlier one; then more are applied)."""
     child = genome
     for _ in range(n):

@@ -74,6 +74,12 @@ class Problem:
         """An output per pixel/voxel (segmentation, field): networks end in a decoder, not a vector head."""
         return self.task in DENSE_TASKS
 
+    @property
+    def shiftable(self) -> bool:
+        """Inputs with spatial axes and targets without: a training sample may be translated (the ``shift`` gene)
+        and keep its target."""
+        return self.spatial_dims > 0 and not self.is_dense
+
     @classmethod
     def of_dataset(cls, info: Any) -> "Problem":
         """The problem a dataset poses (a datashare.format.DatasetInfo: sample_shape, task, num_targets)."""

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import ConfigError
-from .genome import (ACTIVATIONS, GENE_FIELDS, HEADS, LAYER_TYPES, LOSSES, MAX_DROPOUT, NORM_KINDS, OPTIMIZERS,
-                     POOL_OPS, SPATIAL_TYPES, Gene, Genome, make_gene)
+from .genome import (ACTIVATIONS, GENE_FIELDS, HEADS, LAYER_TYPES, LOSSES, MAX_DROPOUT, MAX_SHIFT, NORM_KINDS,
+                     OPTIMIZERS, POOL_OPS, SPATIAL_TYPES, Gene, Genome, make_gene)
 from .problem import Problem
 from .settings import Check, Table, is_int
 
@@ -65,7 +65,8 @@ class SearchSpace(Table):
     probability ``zero_weight_decay_prob`` (``weight_decay = [0, 0]``: never any). ``dropout`` is a uniform range.
     ``max_flatten_features`` bounds the vector a ``flatten`` head may produce (larger ones switch to a pooling head).
     ``kernels`` empty (the default) means (1, 3, 5, 9) along sequences and (1, 3, 5) on images and volumes
-    (:meth:`kernel_choices`).
+    (:meth:`kernel_choices`). ``shifts``: the random translations a genome may train with (the ``shift`` gene, a
+    fraction of each spatial axis; 0 none), for classification and regression on spatial inputs only.
     """
 
     section = "space"
@@ -87,6 +88,7 @@ class SearchSpace(Table):
     heads: tuple[str, ...] = HEADS
     optimizers: tuple[str, ...] = OPTIMIZERS
     losses: tuple[str, ...] = LOSSES  # segmentation only
+    shifts: tuple[float, ...] = (0.0,)  # random translations to train with (fraction of each spatial axis; 0: none)
     lr: tuple[float, float] = (1e-4, 3e-2)
     batch_sizes: tuple[int, ...] = (32, 64, 128, 256)  # training batch sizes a genome may choose
     weight_decay: tuple[float, float] = (1e-6, 1e-2)
@@ -116,6 +118,8 @@ class SearchSpace(Table):
             ("lr", _range_ok(self.lr, 0.0, math.inf, log=True), _LOG_RANGE),
             ("weight_decay", no_decay or _range_ok(wd, 0.0, math.inf, log=True), f"{_LOG_RANGE}, or [0, 0] for none"),
             ("zero_weight_decay_prob", 0.0 <= self.zero_weight_decay_prob <= 1.0, "a probability in [0, 1]"),
+            ("shifts", len(self.shifts) > 0 and all(_is_num(v) and 0.0 <= v <= MAX_SHIFT for v in self.shifts),
+             f"a non-empty list of fractions in [0, {MAX_SHIFT}]"),
         ]
 
     def kernel_choices(self, problem: Problem) -> tuple[int, ...]:
@@ -125,6 +129,10 @@ class SearchSpace(Table):
     def field_choices(self, problem: Problem, field: str) -> tuple:
         """The values a gene's categorical field (any but dropout's ``rate``) may take for this problem."""
         return self.kernel_choices(problem) if field == "kernel" else getattr(self, _FIELD_LISTS[field])
+
+    def shift_choices(self, problem: Problem) -> tuple[float, ...]:
+        """The ``shift`` genes a genome may have for this problem: ``shifts`` where it is shiftable, else none."""
+        return self.shifts if problem.shiftable else (0.0,)
 
     # --- sampling ---
     def section_types(self, problem: Problem, section: str) -> tuple[str, ...]:
@@ -233,7 +241,13 @@ class SearchSpace(Table):
             weight_decay=self.random_weight_decay(rng),
             head=head,
             loss=rng.choice(self.losses) if problem.task == "segmentation" else "ce",
+            shift=_one_of(rng, self.shift_choices(problem)),
         )
+
+
+def _one_of(rng: random.Random, values: tuple) -> Any:
+    """A random one of ``values``, with no draw when there is one: a space without the choice draws as before."""
+    return values[0] if len(values) == 1 else rng.choice(values)
 
 
 def _log_uniform(rng: random.Random, low: float, high: float) -> float:

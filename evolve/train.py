@@ -257,7 +257,7 @@ def train_candidate(genome: Genome, problem: Problem, data: dict[str, tuple[torc
         for epoch in range(start + 1, last + 1):
             model.train()
             total, batches = torch.zeros((), device=device), 0  # summed on the device: no host sync per batch
-            for xb, yb in epoch_batches(xtr, ytr, n, genome.batch_size, gen, device):
+            for xb, yb in epoch_batches(xtr, ytr, n, genome.batch_size, gen, device, genome.shift):
                 full = len(xb) == genome.batch_size
                 xb, yb = group.shard(xb, yb)
                 if graphs and full and captured is None:

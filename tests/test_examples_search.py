@@ -4,6 +4,7 @@ evolution's prior networks) and its expert."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import time
@@ -80,20 +81,29 @@ def test_the_bench_problems_list_every_benchmark_dataset():
     assert [name for name, _ in BENCH_PROBLEMS] == list(DATASETS)
 
 
-@pytest.mark.parametrize("default", [False, True], ids=["its-space", "default-space"])
+def _space(name: str, default: bool | str) -> SearchSpace:
+    """The dataset's space, the default one, or the default with a choice of shifts (the shift gene drawn)."""
+    from bench.search import config_path
+
+    if default == "shifts":
+        return dataclasses.replace(SearchSpace(), shifts=(0.0, 0.125))
+    return SearchSpace() if default else load_config(config_path(name)).space
+
+
+@pytest.mark.parametrize("default", [False, True, "shifts"], ids=["its-space", "default-space", "shifts"])
 @pytest.mark.parametrize("name, problem", BENCH_PROBLEMS)
 def test_optuna_trials_draw_genomes_of_the_galapagos_space(name, problem, default):
     optuna = pytest.importorskip("optuna", reason="Optuna is a benchmark extra: pip install -e '.[bench]'")
     from bench.peers import genome_from_trial
-    from bench.search import config_path
 
-    space = SearchSpace() if default else load_config(config_path(name)).space
+    space = _space(name, default)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
-    accepted = 0
+    accepted, shifts = 0, set()
     for _ in range(100):
         trial = study.ask()
         genome = genome_from_trial(trial, space, problem)
+        shifts.add(genome.shift)
         assert space.min_layers <= genome.num_layers <= space.max_layers
         for gene in genome.layers:
             assert gene.type in space.layer_types
@@ -109,7 +119,7 @@ def test_optuna_trials_draw_genomes_of_the_galapagos_space(name, problem, defaul
         except InvalidGenome:
             pass
         study.tell(trial, 0.0)
-    assert accepted >= 90
+    assert accepted >= 90 and shifts == set(space.shift_choices(problem))
 
 
 @pytest.mark.parametrize("name, problem", BENCH_PROBLEMS)
@@ -138,7 +148,7 @@ def test_the_expert_trains_its_network_then_a_longer_run_and_saves_the_best(tmp_
     assert genome == Genome.from_json(expert_path("signals").read_text())
 
 
-@pytest.mark.parametrize("default", [False, True], ids=["its-space", "default-space"])
+@pytest.mark.parametrize("default", [False, True, "shifts"], ids=["its-space", "default-space", "shifts"])
 @pytest.mark.parametrize("name, problem", BENCH_PROBLEMS)
 def test_tpe_at_its_best_starts_from_the_prior_networks_evolution_starts_from(name, problem, default):
     """bench/peers.py's trial_params: the parameters of a trial that genome_from_trial turns into each prior network
@@ -146,10 +156,9 @@ def test_tpe_at_its_best_starts_from_the_prior_networks_evolution_starts_from(na
     dataset does, so the warm start is never empty."""
     optuna = pytest.importorskip("optuna", reason="Optuna is a benchmark extra: pip install -e '.[bench]'")
     from bench.peers import genome_from_trial, trial_params
-    from bench.search import config_path
     from galapagos.evolve.priors import prior_genomes
 
-    space = SearchSpace() if default else load_config(config_path(name)).space
+    space = _space(name, default)
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.TPESampler(seed=0, multivariate=True))
     priors = prior_genomes(space, problem)
