@@ -4,7 +4,7 @@
     python -m bench.search --datasets signals shapes cosmoflow tabular --seeds 0 1 2 --minutes 1.5 --workers 2
     python -m bench.search --contestants evolution expert ...   # a part of the field
 
-Seventeen contestants search the same space for the same data, one after another on the same cores, and an expert
+Eighteen contestants search the same space for the same data, one after another on the same cores, and an expert
 trains a hand-written network there (bench/PROTOCOL.md says which answer what):
 - `evolution`, `random`: `galapagos evolve --strategy evolution|random --workers W --budget-minutes M`;
   `evolution-no-priors` the same with `evolution.priors = false` (the algorithm's share without the priors'),
@@ -26,7 +26,9 @@ trains a hand-written network there (bench/PROTOCOL.md says which answer what):
   run's single best network (best/), so that the two final picks of one search pair exactly (the table's
   `evolution-ensemble:pick`); `evolution-bagged` is the same with `ensemble.bags = 20` (that ensemble by bagged
   selection, ensemble/selection.py), `evolution-ensemble-finish` with `evolution.finish = 0.25` (its ensemble of
-  the kept networks with the finished ones' weights). Every other Galapagos contestant runs with
+  the kept networks with the finished ones' weights), `evolution-shift` with `space.shifts = [0.0, 0.125, 0.25]`
+  (the shift gene, evolution's choice: each genome trains on samples moved at random by up to 0, 1/8 or 1/4 of
+  each spatial axis), its ensemble scored as evolution-ensemble's. Every other Galapagos contestant runs with
   `run.final_ensemble = false` and is scored by its best/, as in the protocol's rounds 1 and 2;
 - `tpe`, `optuna-random`: W processes sharing one Optuna study (a journal file), TPESampler or RandomSampler
   seeded by 1000 * seed + process, MedianPruner with the config's `run.prune_after` and `run.prune_min_results`;
@@ -136,8 +138,8 @@ HELD_OUT = ("spectra", "fields", "lightcurves", "tracks", "seismograms", "galaxi
             "heartbeats", "heartbeats-permuted")
 CONTESTANTS = ("evolution", "evolution-no-priors", "evolution-rungs", "evolution-surrogate", "evolution-holdout",
                "evolution-cost", "evolution-shrink", "evolution-unshrunk", "evolution-adaptive", "evolution-finish",
-               "evolution-ensemble", "evolution-bagged", "evolution-ensemble-finish", "random", "tpe", "tpe-best",
-               "optuna-random", "expert")
+               "evolution-ensemble", "evolution-bagged", "evolution-ensemble-finish", "evolution-shift", "random",
+               "tpe", "tpe-best", "optuna-random", "expert")
 VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, and the settings they add
     "evolution": ("evolution", []), "random": ("random", []),
     "evolution-no-priors": ("evolution", ["evolution.priors=false"]),  # the algorithm's share without the priors'
@@ -152,15 +154,16 @@ VARIANTS = {  # Galapagos contestants beside its two strategies: the strategy, a
     "evolution-ensemble": ("evolution", []),  # the default: the kept networks an ensemble in final/
     "evolution-bagged": ("evolution", ["ensemble.bags=20"]),  # that ensemble by bagged selection
     "evolution-ensemble-finish": ("evolution", ["evolution.finish=0.25"]),  # that ensemble, of finished networks
+    "evolution-shift": ("evolution", ["space.shifts=[0.0, 0.125, 0.25]"]),  # the shift gene, evolution's choice
 }
 # scored by final/ (the others by best/, with run.final_ensemble = false)
-ENSEMBLED = ("evolution-ensemble", "evolution-bagged", "evolution-ensemble-finish")
+ENSEMBLED = ("evolution-ensemble", "evolution-bagged", "evolution-ensemble-finish", "evolution-shift")
 PAIRED = (("evolution", "tpe-best"), ("evolution-ensemble", "tpe-best"), ("evolution", "tpe"),  # tested, a minus b
           ("evolution-rungs", "evolution"), ("evolution-surrogate", "evolution"),
           ("evolution-holdout", "evolution"), ("evolution-cost", "evolution"),
           ("evolution-shrink", "evolution"), ("evolution-adaptive", "evolution"), ("evolution-finish", "evolution"),
           ("evolution-ensemble", "evolution-ensemble" + PICK), ("evolution-bagged", "evolution-ensemble"),
-          ("evolution-ensemble-finish", "evolution-ensemble"))
+          ("evolution-ensemble-finish", "evolution-ensemble"), ("evolution-shift", "evolution-ensemble"))
 EXPERT_TIME_USED = 0.85  # of the time left that the expert's longer training is planned to take (a margin for noise)
 CONFIGS = Path(__file__).parent / "search_configs"
 

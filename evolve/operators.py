@@ -330,8 +330,8 @@ def _mutate_once(genome: Genome, space: SearchSpace, problem: Problem, rng: rand
 
 def mutate(genome: Genome, space: SearchSpace, problem: Problem, rng: random.Random, n: int = 1) -> Genome:
     """Apply ``n`` random mutations (add/remove/change/replace/move a layer, optimizer, lr, batch size,
-    weight decay, head, and where they apply the loss and the shift). The child differs from the parent unless no mutation applies at all (a later
-    mutation may undo an earlier one; then more are applied)."""
+    weight decay, head, and where they apply the loss and the shift). The child differs from the parent unless no
+    mutation applies at all (a later mutation may undo an earlier one; then more are applied)."""
     child = genome
     for _ in range(n):
         child = _mutate_once(child, space, problem, rng)
