@@ -38,7 +38,6 @@ def features(genome: Genome | dict[str, Any], params: int) -> list[float]:
     out += [float(g.get("optimizer") == o) for o in OPTIMIZERS]
     out += [float(g.get("head") == h) for h in HEADS]
     out += [math.log10(g["lr"]), math.log2(g["batch_size"]), math.log10(g.get("weight_decay", 0.0) + 1e-6)]
-    out.append(float(g.get("shift", 0.0)))
     return out
 
 
